@@ -1,0 +1,1 @@
+"""loco: communication-efficient LLM pre-training with simulated workers."""
