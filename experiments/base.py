@@ -1,0 +1,80 @@
+"""The base config: every key loco reads, defined once, with a comment.
+
+Experiment files import this, override keys and return it. Keys set to a placeholder
+(None) mean "the default of the model preset / the algorithm's paper".
+"""
+
+from ml_collections import config_dict
+from ml_collections.config_dict import placeholder
+
+
+def get_config() -> config_dict.ConfigDict:
+  c = config_dict.ConfigDict()
+  c.seed = 0                        # seeds params, data order and algorithm randomness
+  c.num_workers = 4                 # M, simulated workers (the leading "workers" axis)
+  c.steps = 1000                    # inner steps per worker
+  c.batch_per_worker = 16           # sequences per worker per inner step
+  c.seq_len = 128                   # tokens per sequence (<= model.max_seq_len)
+
+  c.model = config_dict.ConfigDict()
+  c.model.preset = 'tiny'           # nano | tiny | 60m | 150m | 400m | 1b (loco/model.py)
+  c.model.vocab_size = placeholder(int)   # None: the tokenizer's vocabulary size
+  c.model.d_model = placeholder(int)      # None fields below: the preset's value
+  c.model.num_layers = placeholder(int)
+  c.model.num_heads = placeholder(int)
+  c.model.d_ff = placeholder(int)
+  c.model.max_seq_len = placeholder(int)
+  c.model.mlp = placeholder(str)          # gelu | swiglu
+  c.model.qk_norm = placeholder(bool)
+  c.model.z_loss = placeholder(float)
+  c.model.tie_embeddings = placeholder(bool)
+  c.model.dtype = placeholder(str)        # float32 | bfloat16 compute dtype
+
+  c.data = config_dict.ConfigDict()
+  c.data.source = 'stdlib'          # stdlib (embedded, no download) | text | tfds
+  c.data.tfds_name = ''             # e.g. 'c4/en:3.1.0' when source == 'tfds'
+  c.data.data_dir = ''              # '' -> $LOCO_DATA_DIR or ~/.cache/loco/tfds
+  c.data.text_glob = ''             # files to train on when source == 'text'
+  c.data.text_key = 'text'          # the text feature of a TFDS dataset
+  c.data.train_split = 'train'
+  c.data.eval_split = 'validation'
+  c.data.tokenizer = 'bytes'        # bytes | sentencepiece
+  c.data.sp_model = ''              # SentencePiece .model path (tokenizer == sentencepiece)
+  c.data.sharding = 'iid'           # iid | noniid: how documents are split across workers
+  c.data.noniid_by = 'file'         # file | cluster (non-iid split rule)
+
+  c.optimizer = config_dict.ConfigDict()  # the inner optimizer, shared by all algorithms
+  c.optimizer.lr = 3e-3             # peak AdamW learning rate
+  c.optimizer.warmup_steps = 50     # linear warm-up steps
+  c.optimizer.decay_steps = placeholder(int)  # cosine length after warm-up; None: the rest of the run
+  c.optimizer.final_lr_frac = 0.1   # cosine ends at lr * final_lr_frac
+  c.optimizer.b1 = 0.9
+  c.optimizer.b2 = 0.95
+  c.optimizer.eps = 1e-8
+  c.optimizer.weight_decay = 0.1    # decoupled weight decay on matrices
+  c.optimizer.clip_norm = 1.0       # per-worker global-norm clipping; 0 disables
+
+  c.algorithm = config_dict.ConfigDict()  # name plus the algorithm's keys (None: paper default)
+  c.algorithm.name = 'ddp'          # see loco/algorithms/__init__.py REGISTRY
+  c.algorithm.sync_every = placeholder(int)        # H: inner steps per round
+  c.algorithm.outer_optimizer = placeholder(str)   # sgd | nesterov | heavy_ball | adam
+  c.algorithm.outer_lr = placeholder(float)        # outer learning rate
+  c.algorithm.outer_momentum = placeholder(float)  # outer momentum (Adam: b1)
+  c.algorithm.transport_dtype = placeholder(str)   # float32 | bfloat16 | float16 on the wire
+
+  c.eval = config_dict.ConfigDict()
+  c.eval.every = 100                # steps between evaluations (multiple of log_every)
+  c.eval.batches = 8                # validation batches per evaluation
+  c.eval.batch_size = 16            # sequences per validation batch
+  c.eval.per_worker = True          # also evaluate each worker's own params (eval_loss_workers)
+
+  c.log_every = 10                  # steps per jitted chunk and per metrics line
+  c.progress = True                 # terminal progress bar
+
+  c.checkpoint = config_dict.ConfigDict()
+  c.checkpoint.every = 100          # steps between checkpoints (multiple of log_every); 0: only at the end
+  c.checkpoint.keep = 2             # checkpoints kept
+
+  c.mesh = config_dict.ConfigDict()
+  c.mesh.workers = 1                # devices the worker axis is sharded over; 1: vmap on one device
+  return c

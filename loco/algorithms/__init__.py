@@ -1,0 +1,42 @@
+"""The algorithm registry: name -> factory.
+
+A factory takes the inner optimizer first and the algorithm's own keys (papers'
+defaults) as keyword arguments, and returns an `engine.Algorithm`. To add one, write a
+factory in a file of this package and add it to `REGISTRY`.
+"""
+
+import inspect
+from typing import Any, Callable
+
+import optax
+
+from loco.algorithms.ddp import ddp
+from loco.algorithms.diloco import diloco, local_sgd
+from loco.engine import Algorithm
+from loco.errors import ConfigError
+
+REGISTRY: dict[str, Callable[..., Algorithm]] = {
+    'ddp': ddp,
+    'diloco': diloco,
+    'local_sgd': local_sgd,
+}
+
+
+def keys_of(name: str) -> list[str]:
+  """The keyword arguments the algorithm `name` accepts (besides inner and mesh)."""
+  params = inspect.signature(REGISTRY[name]).parameters
+  return [k for k, p in params.items()
+          if p.kind == p.KEYWORD_ONLY and k not in ('mesh', 'outer')]
+
+
+def make(name: str, inner: optax.GradientTransformation, *, mesh=None,
+         **kwargs: Any) -> Algorithm:
+  """Builds the registered algorithm `name` with the given keys; unknown ones fail."""
+  if name not in REGISTRY:
+    raise ConfigError(f'algorithm.name must be one of {sorted(REGISTRY)}, got {name!r}.')
+  allowed = keys_of(name)
+  unknown = sorted(set(kwargs) - set(allowed))
+  if unknown:
+    raise ConfigError(f'algorithm {name!r} does not take {", ".join(unknown)}; '
+                      f'its keys are: {", ".join(allowed)}.')
+  return REGISTRY[name](inner, mesh=mesh, **kwargs)

@@ -1,0 +1,85 @@
+"""The worker axis: stacking, per-worker mapping, and placement on a device mesh.
+
+Every per-worker pytree has a leading axis of size M named "workers" (DESIGN §1). On
+one device per-worker code is `jax.vmap` over it; on a mesh with a "workers" axis the
+same vmap carries `spmd_axis_name`, so XLA shards the worker axis over devices and
+turns the named-axis collectives of `loco.comm` into real ones.
+"""
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from loco.comm import WORKERS
+from loco.errors import ConfigError
+
+PyTree = Any
+
+
+def replicate(tree: PyTree, num_workers: int) -> PyTree:
+  """Stacks `num_workers` copies of a single tree on a new leading axis."""
+  return jax.tree.map(
+      lambda x: jnp.broadcast_to(x, (num_workers,) + jnp.shape(x)), tree)
+
+
+def vmap(fn: Callable, in_axes=0, out_axes=0, mesh: Mesh | None = None) -> Callable:
+  """Maps `fn` over the worker axis, with the "workers" collective axis name."""
+  return jax.vmap(fn, in_axes=in_axes, out_axes=out_axes, axis_name=WORKERS,
+                  spmd_axis_name=WORKERS if mesh is not None else None)
+
+
+def num_workers_of(tree: PyTree) -> int:
+  return jax.tree.leaves(tree)[0].shape[0]
+
+
+def mean_model(tree_MxP: PyTree) -> PyTree:
+  """The worker-averaged model, for evaluation only (no communication is implied)."""
+  return jax.tree.map(lambda x: jnp.mean(x.astype(jnp.float32), axis=0).astype(x.dtype),
+                      tree_MxP)
+
+
+def worker_spread(tree_MxP: PyTree) -> jax.Array:
+  """RMS distance of the workers' params to their mean, relative to the mean's norm."""
+  mean = mean_model(tree_MxP)
+  dist2 = sum(jnp.sum((x - m[None]) ** 2) for x, m in
+              zip(jax.tree.leaves(tree_MxP), jax.tree.leaves(mean)))
+  norm2 = sum(jnp.sum(m ** 2) for m in jax.tree.leaves(mean))
+  num = jax.tree.leaves(tree_MxP)[0].shape[0]
+  return jnp.sqrt(dist2 / num) / jnp.maximum(jnp.sqrt(norm2), 1e-12)
+
+
+def make_mesh(num_devices: int, num_workers: int) -> Mesh | None:
+  """A 1-D mesh of `num_devices` devices on the "workers" axis; None for 1 device."""
+  if num_devices <= 1:
+    return None
+  available = len(jax.devices())
+  if num_devices > available:
+    raise ConfigError(f'mesh.workers={num_devices} devices requested but only '
+                      f'{available} are available.')
+  if num_workers % num_devices:
+    raise ConfigError(f'num_workers={num_workers} must be divisible by '
+                      f'mesh.workers={num_devices} to shard the worker axis.')
+  devices = np.array(jax.devices()[:num_devices])
+  return Mesh(devices, (WORKERS,),
+              axis_types=(jax.sharding.AxisType.Auto,))
+
+
+def worker_sharding(mesh: Mesh | None, tree: PyTree) -> PyTree:
+  """Shardings placing each leaf's leading axis on the mesh's "workers" axis."""
+  if mesh is None:
+    return None
+  def spec(x):
+    if jnp.ndim(x) == 0:
+      return NamedSharding(mesh, PartitionSpec())
+    return NamedSharding(mesh, PartitionSpec(WORKERS))
+  return jax.tree.map(spec, tree)
+
+
+def shard(tree: PyTree, mesh: Mesh | None) -> PyTree:
+  """Places a worker-stacked tree on the mesh (no-op without one)."""
+  if mesh is None:
+    return tree
+  return jax.device_put(tree, worker_sharding(mesh, tree))
