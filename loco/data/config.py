@@ -1,0 +1,81 @@
+"""DataConfig: the typed description of what the data loader reads and how."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from loco import errors
+
+SOURCES = ('stdlib', 'text', 'tfds')
+TOKENIZERS = ('bytes', 'sentencepiece')
+SHARDINGS = ('iid', 'noniid')
+NONIID_BY = ('file', 'cluster')
+
+_DEFAULT_DATA_DIR = os.path.join('~', '.cache', 'loco', 'tfds')
+
+
+def _check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
+  if value not in allowed:
+    raise errors.ConfigError(
+        f'data.{key} is {value!r}; allowed values: {", ".join(allowed)}.')
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Which corpus to read, how to tokenize it and how to split it over workers.
+
+  `train.py` builds it with `DataConfig(**config.data)`; every value is checked
+  here so that a typo fails before any file is read.
+  """
+
+  source: str = 'stdlib'  # 'stdlib' (embedded) | 'text' (own files) | 'tfds'.
+  tfds_name: str = ''  # e.g. 'c4/en:3.1.0' when source == 'tfds'.
+  data_dir: str = ''  # '' -> $LOCO_DATA_DIR or ~/.cache/loco/tfds.
+  text_glob: str = ''  # Files to read when source == 'text' ('**' recurses).
+  text_key: str = 'text'  # Feature holding the text in a TFDS dataset.
+  train_split: str = 'train'  # TFDS split syntax, slices allowed ('train[:10%]').
+  eval_split: str = 'validation'  # Must differ from train_split.
+  tokenizer: str = 'bytes'  # 'bytes' (vocab 257, EOS 256) | 'sentencepiece'.
+  sp_model: str = ''  # Path to a SentencePiece .model (tokenizer == 'sentencepiece').
+  sharding: str = 'iid'  # 'iid' | 'noniid': how documents are split over workers.
+  noniid_by: str = 'file'  # 'file' (contiguous ranges) | 'cluster' (k-means, k = workers).
+  read_threads: int = 2  # Threads per worker reading a TFDS source; 0 reads inline.
+
+  def __post_init__(self):
+    _check_choice('source', self.source, SOURCES)
+    _check_choice('tokenizer', self.tokenizer, TOKENIZERS)
+    _check_choice('sharding', self.sharding, SHARDINGS)
+    _check_choice('noniid_by', self.noniid_by, NONIID_BY)
+    if self.source == 'tfds' and not self.tfds_name:
+      raise errors.ConfigError(
+          "data.tfds_name is empty; source 'tfds' needs a dataset name such as "
+          "'c4/en:3.1.0'.")
+    if self.source == 'text' and not self.text_glob:
+      raise errors.ConfigError(
+          "data.text_glob is empty; source 'text' needs a glob of text files "
+          "such as '~/corpus/**/*.txt'.")
+    if self.tokenizer == 'sentencepiece' and not self.sp_model:
+      raise errors.ConfigError(
+          "data.sp_model is empty; tokenizer 'sentencepiece' needs the path of a "
+          '.model file (train one with `python -m loco.data.tokenizers train`).')
+    if not self.text_key:
+      raise errors.ConfigError('data.text_key is empty; name the text feature.')
+    if not self.train_split or not self.eval_split:
+      raise errors.ConfigError('data.train_split and data.eval_split must be set.')
+    if self.train_split == self.eval_split:
+      raise errors.ConfigError(
+          f'data.train_split and data.eval_split are both {self.train_split!r}; '
+          'evaluate on held-out data (e.g. slices train[:99%] / train[99%:]).')
+    if not isinstance(self.read_threads, int) or self.read_threads < 0:
+      raise errors.ConfigError(
+          f'data.read_threads is {self.read_threads!r}; use an integer >= 0.')
+
+  @property
+  def resolved_data_dir(self) -> str:
+    """The data dir with its default applied and `~` expanded (gs:// passes)."""
+    path = (self.data_dir or os.environ.get('LOCO_DATA_DIR', '')
+            or _DEFAULT_DATA_DIR)
+    if '://' in path:
+      return path
+    return os.path.abspath(os.path.expanduser(path))
