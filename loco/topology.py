@@ -28,11 +28,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, NamedTuple, Sequence, TYPE_CHECKING
 
 import numpy as np
 
 from loco.errors import ConfigError
+
+if TYPE_CHECKING:
+  import jax  # pylint: disable=g-bad-import-order
 
 # One `lax.ppermute` permutation: (src, dst) pairs.
 Perm = tuple[tuple[int, int], ...]
@@ -95,7 +98,7 @@ class GossipPlan:
 
   @property
   def receives(self) -> np.ndarray:
-    """[M] int: messages worker i receives per application (= sends: W is symmetric)."""
+    """[M] int: messages worker i receives per application (= sends)."""
     recv = np.zeros(self.num_workers, dtype=np.int64)
     for perm in self.perms:
       for s, d in perm:
@@ -185,8 +188,8 @@ class Topology:
     """Draws a member index uniformly on the host."""
     return int(rng.integers(self.num_choices))
 
-  def sample_choice_jax(self, key):
-    """Draws a member index uniformly inside jit: an int32 scalar for `lax.switch`."""
+  def sample_choice_jax(self, key: jax.Array) -> jax.Array:
+    """Draws a member index uniformly in jit: an int32 scalar for lax.switch."""
     # Imported here so that the graph code stays importable without JAX.
     import jax  # pylint: disable=g-import-not-at-top
     import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
@@ -223,7 +226,7 @@ class Topology:
 
   @property
   def chi2(self) -> float:
-    """max over edges of (e_i - e_j)^T L^+ (e_i - e_j) / 2 (A2CiD2, rate_com 1)."""
+    """max over edges of (e_i - e_j)^T L^+ (e_i - e_j) / 2 (A2CiD2, rate 1)."""
     return self._chis[1]
 
   def _check_choice(self, choice: int) -> int:
@@ -591,7 +594,7 @@ def _erdos_renyi(num_workers: int, *, seed: int, p: float,
 
 
 def one_factorization(num_workers: int) -> list[list[tuple[int, int]]]:
-  """The circle method: M - 1 perfect matchings covering every pair once (M even)."""
+  """Circle method: M - 1 perfect matchings; each pair is in one (M even)."""
   n = num_workers - 1
   rounds = []
   for r in range(n):
