@@ -1,4 +1,4 @@
-"""Communication steps as optax transforms over one worker's tree, with exact byte accounting.
+"""Core communication: byte accounting, the worker context, and the all-reduce mean.
 
 Each transform here runs inside the engine's per-worker map (`jax.vmap` or a mesh with a
 `"workers"` axis) and talks to the other workers only through named-axis collectives
