@@ -1,4 +1,4 @@
-"""Tests for loco.data: corpus, sources, tokenizers, sharding, packing, resume."""
+"""Tests for loco.data: corpus, sources, tokenizers, sharding, packing."""
 
 import json
 import os
@@ -106,7 +106,8 @@ def test_data_dir_default(monkeypatch):
   assert ld.DataConfig().resolved_data_dir == '/some/where'
   monkeypatch.delenv('LOCO_DATA_DIR')
   assert ld.DataConfig().resolved_data_dir.endswith('.cache/loco/tfds')
-  assert ld.DataConfig(data_dir='gs://b/tfds').resolved_data_dir == 'gs://b/tfds'
+  gcs = ld.DataConfig(data_dir='gs://b/tfds')
+  assert gcs.resolved_data_dir == 'gs://b/tfds'
 
 
 # -------------------------------------------------------------- tokenizers
@@ -129,7 +130,8 @@ def test_sentencepiece_train_load_roundtrip(tmp_path, text_cfg, text_docs):
       'train', '--source=text', f'--text_glob={text_cfg.text_glob}',
       f'--data_dir={text_cfg.data_dir}', '--vocab_size=320',
       f'--output={path}']) == 0
-  tok = ld.make_tokenizer(ld.DataConfig(tokenizer='sentencepiece', sp_model=path))
+  tok = ld.make_tokenizer(
+      ld.DataConfig(tokenizer='sentencepiece', sp_model=path))
   assert tok.vocab_size == 320 and tok.eos_id == 2
   for text in [*list(text_docs.values())[:5], 'Unseen: \tx = {1: "ü"}\n\n']:
     ids = tok.encode(text)
@@ -139,15 +141,18 @@ def test_sentencepiece_train_load_roundtrip(tmp_path, text_cfg, text_docs):
   cfg = ld.DataConfig(source='text', text_glob=text_cfg.text_glob,
                       data_dir=text_cfg.data_dir, tokenizer='sentencepiece',
                       sp_model=path)
-  batch = next(ld.make_train_iterator(cfg, num_workers=2, batch_per_worker=2,
-                                      seq_len=64, seed=0))
-  assert batch.shape == (2, 2, 65) and batch.max() < 320 and batch.min() >= 0
+  it = ld.make_train_iterator(cfg, num_workers=2, batch_per_worker=2,
+                              seq_len=64, seed=0)
+  batch = np.stack([next(it) for _ in range(20)])
+  assert batch.shape == (20, 2, 2, 65)
+  assert batch.max() < 320 and batch.min() >= 0
   assert (batch == tok.eos_id).any()
   assert ld.dataset_fingerprint(cfg)['tokenizer']['sha256']
 
 
 def test_sentencepiece_missing_model_is_data_error(tmp_path):
-  cfg = ld.DataConfig(tokenizer='sentencepiece', sp_model=str(tmp_path / 'x.model'))
+  cfg = ld.DataConfig(tokenizer='sentencepiece',
+                      sp_model=str(tmp_path / 'x.model'))
   with pytest.raises(errors.DataError, match='x.model'):
     ld.make_tokenizer(cfg)
 
@@ -189,8 +194,10 @@ def test_text_fingerprint_follows_content(tmp_path, data_dir):
   assert second['sha256'] != first['sha256'] and second['name'] != first['name']
 
 
-def test_prepare_recovers_from_crash_and_runs_concurrently(tmp_path, monkeypatch):
-  glob = _write_corpus(str(tmp_path / 'c'), {f'f{i}.txt': f'x{i}\n' for i in range(5)})
+def test_prepare_recovers_from_crash_and_runs_concurrently(
+    tmp_path, monkeypatch):
+  glob = _write_corpus(str(tmp_path / 'c'),
+                       {f'f{i}.txt': f'x{i}\n' for i in range(5)})
   spec = corpus.text_spec(glob)
   data_dir = str(tmp_path / 'd')
   original = corpus.LocoCorpus._generate_examples
@@ -249,16 +256,18 @@ def test_same_seed_same_batches_other_seed_other_batches(stdlib_cfg):
 
 
 def test_packing_is_exact_and_covers_every_document(text_cfg, text_docs):
-  it = ld.make_train_iterator(text_cfg, num_workers=1, batch_per_worker=3,
-                              seq_len=31, seed=0)
-  batches = [next(it) for _ in range(200)]
-  assert all(b.shape == (1, 3, 32) and b.dtype == np.int32 for b in batches)
+  it = ld.make_train_iterator(text_cfg, num_workers=1, batch_per_worker=16,
+                              seq_len=63, seed=0)
+  batches = [next(it) for _ in range(100)]
+  assert all(b.shape == (1, 16, 64) and b.dtype == np.int32 for b in batches)
   stream = _worker_stream(batches, 0)
   assert stream.min() >= 0 and stream.max() <= EOS
   segments = _segments(stream)
-  n = len(text_docs)
+  train = sources.open_documents(text_cfg, 'train')
+  n = len(train)
   assert len(segments) > 2 * n  # more than two epochs: the stream repeats
-  texts = sorted(t.encode() for t in text_docs.values())
+  texts = sorted(train.texts)
+  assert set(texts) < {t.encode() for t in text_docs.values()}
   for epoch in range(2):  # every epoch is a permutation of all documents
     assert sorted(segments[epoch * n:(epoch + 1) * n]) == texts
   assert segments[:n] != segments[n:2 * n]  # reshuffled per epoch
@@ -275,7 +284,8 @@ def test_worker_shares_are_disjoint(text_cfg, text_docs, sharding_, noniid_by):
   shares = sharding.worker_shares(docs, num_workers=3, sharding=sharding_,
                                   noniid_by=noniid_by, seed=0)
   sets = [{s[j] for j in range(len(s))} for s in shares]
-  assert all(sets) and sum(map(len, sets)) == len(set().union(*sets)) == len(docs)
+  assert all(sets)
+  assert sum(map(len, sets)) == len(set().union(*sets)) == len(docs)
   # What the workers actually read stays inside their shares.
   it = ld.make_train_iterator(cfg, num_workers=3, batch_per_worker=2,
                               seq_len=63, seed=0)
@@ -306,8 +316,9 @@ def test_cluster_sharding_separates_styles(tmp_path, data_dir):
     digits = ''.join(rng.choice(list('0123456789+-*'), size=300))
     docs[f'w{i:02d}.txt'] = f'{letters}\n'
     docs[f'n{i:02d}.txt'] = f'{digits}\n'
-  cfg = ld.DataConfig(source='text', text_glob=_write_corpus(str(tmp_path), docs),
-                      data_dir=data_dir, sharding='noniid', noniid_by='cluster')
+  glob = _write_corpus(str(tmp_path), docs)
+  cfg = ld.DataConfig(source='text', text_glob=glob, data_dir=data_dir,
+                      sharding='noniid', noniid_by='cluster')
   train = sources.open_documents(cfg, 'train')
   shares = sharding.worker_shares(train, num_workers=2, sharding='noniid',
                                   noniid_by='cluster', seed=0)
@@ -355,7 +366,8 @@ def test_eval_batches(stdlib_cfg, text_cfg):
                                     num_batches=32))
   # Windows come from validation documents only and cover many of them.
   valid = sources.open_documents(stdlib_cfg, 'validation')
-  train_text = b'\n'.join(sources.open_documents(stdlib_cfg, 'train').texts[:50])
+  train = sources.open_documents(stdlib_cfg, 'train')
+  train_text = b'\n'.join(train.texts[:50])
   joined = b'\x00'.join(valid.texts)
   pieces = [s for w in batches.reshape(-1, 257)[::37]
             for s in _segments(np.append(w, EOS)) if len(s) > 40]
@@ -374,7 +386,8 @@ def test_unigram_entropy_of_stdlib_bytes(stdlib_cfg):
 
 
 def test_tfds_source_with_mock_c4(tmp_path):
-  import tensorflow_datasets.text.c4  # pylint: disable=g-import-not-at-top,unused-import  # registers c4 for the mock
+  # Registers c4's builder code, which the mock needs (no data, no TF).
+  import tensorflow_datasets.text.c4  # pylint: disable=g-import-not-at-top,unused-import
   cfg = ld.DataConfig(source='tfds', tfds_name='c4/en:3.1.0',
                       data_dir=str(tmp_path), read_threads=2)
   with tfds.testing.mock_data(num_examples=40,
@@ -405,7 +418,8 @@ def test_tfds_source_with_mock_c4(tmp_path):
 def test_tfds_missing_data_dir_is_data_error(tmp_path):
   missing = str(tmp_path / 'nowhere')
   cfg = ld.DataConfig(source='tfds', tfds_name='c4/en:3.1.0', data_dir=missing)
-  with pytest.raises(errors.DataError, match=f"{missing}.*does not exist.*c4/en"):
+  with pytest.raises(errors.DataError,
+                     match=f'{missing}.*does not exist.*c4/en'):
     ld.make_train_iterator(cfg, num_workers=1, batch_per_worker=1, seq_len=8,
                            seed=0)
 
@@ -414,7 +428,7 @@ def test_tfds_missing_data_dir_is_data_error(tmp_path):
 def test_tfds_unprepared_dataset_is_data_error(tmp_path, name):
   cfg = ld.DataConfig(source='tfds', tfds_name=name, data_dir=str(tmp_path))
   with pytest.raises(errors.DataError,
-                     match=f"'{name}' is not prepared in {tmp_path}.*tfds build"):
+                     match=f"'{name}' is not prepared in {tmp_path}.*build"):
     ld.make_eval_batches(cfg, batch_size=1, seq_len=8, num_batches=1)
 
 
@@ -427,4 +441,19 @@ def test_tfds_reads_a_prepared_loco_corpus_by_name(text_cfg):
       tfds_name=f'{corpus.BUILDER_NAME}/{spec.config_name}:{corpus.VERSION}')
   tfds_docs = sources.open_documents(cfg, 'train')
   local = sources.open_documents(text_cfg, 'train')
-  assert sorted(tfds_docs[i] for i in range(len(tfds_docs))) == sorted(local.texts)
+  texts = [tfds_docs[i] for i in range(len(tfds_docs))]
+  # Lazy TFDS sources keep empty documents (each just yields an EOS).
+  assert sorted(t for t in texts if t) == sorted(local.texts)
+
+
+def test_large_local_corpus_is_read_lazily(monkeypatch, text_cfg):
+  monkeypatch.setattr(sources, 'IN_MEMORY_MAX_BYTES', 0)
+  docs = sources.open_documents(text_cfg, 'train')
+  assert not docs.in_memory and len(docs) == len(
+      [p for p in corpus.split_files(corpus.text_spec(text_cfg.text_glob).files)
+       ['train']])
+  cfg = ld.DataConfig(source='text', text_glob=text_cfg.text_glob,
+                      data_dir=text_cfg.data_dir, sharding='noniid')
+  batch = next(ld.make_train_iterator(cfg, num_workers=2, batch_per_worker=2,
+                                      seq_len=32, seed=0))
+  assert batch.shape == (2, 2, 33) and batch.max() <= EOS

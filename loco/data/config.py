@@ -29,18 +29,30 @@ class DataConfig:
   here so that a typo fails before any file is read.
   """
 
-  source: str = 'stdlib'  # 'stdlib' (embedded) | 'text' (own files) | 'tfds'.
-  tfds_name: str = ''  # e.g. 'c4/en:3.1.0' when source == 'tfds'.
-  data_dir: str = ''  # '' -> $LOCO_DATA_DIR or ~/.cache/loco/tfds.
-  text_glob: str = ''  # Files to read when source == 'text' ('**' recurses).
-  text_key: str = 'text'  # Feature holding the text in a TFDS dataset.
-  train_split: str = 'train'  # TFDS split syntax, slices allowed ('train[:10%]').
-  eval_split: str = 'validation'  # Must differ from train_split.
-  tokenizer: str = 'bytes'  # 'bytes' (vocab 257, EOS 256) | 'sentencepiece'.
-  sp_model: str = ''  # Path to a SentencePiece .model (tokenizer == 'sentencepiece').
-  sharding: str = 'iid'  # 'iid' | 'noniid': how documents are split over workers.
-  noniid_by: str = 'file'  # 'file' (contiguous ranges) | 'cluster' (k-means, k = workers).
-  read_threads: int = 2  # Threads per worker reading a TFDS source; 0 reads inline.
+  # 'stdlib' (embedded, no download) | 'text' (own files) | 'tfds'.
+  source: str = 'stdlib'
+  # e.g. 'c4/en:3.1.0' when source == 'tfds'.
+  tfds_name: str = ''
+  # '' -> $LOCO_DATA_DIR or ~/.cache/loco/tfds; a gs:// path is passed through.
+  data_dir: str = ''
+  # Files to read when source == 'text' ('**' recurses); one file, one document.
+  text_glob: str = ''
+  # Feature holding the text in a TFDS dataset.
+  text_key: str = 'text'
+  # TFDS split syntax, slices allowed ('train[:10%]').
+  train_split: str = 'train'
+  # Must differ from train_split.
+  eval_split: str = 'validation'
+  # 'bytes' (vocab 257, EOS 256) | 'sentencepiece'.
+  tokenizer: str = 'bytes'
+  # Path of a SentencePiece .model file (tokenizer == 'sentencepiece').
+  sp_model: str = ''
+  # 'iid' | 'noniid': how documents are split over workers.
+  sharding: str = 'iid'
+  # 'file' (contiguous ranges of paths) | 'cluster' (k-means, k = workers).
+  noniid_by: str = 'file'
+  # Threads per worker that read ahead in a TFDS source; 0 reads inline.
+  read_threads: int = 2
 
   def __post_init__(self):
     _check_choice('source', self.source, SOURCES)
@@ -57,16 +69,19 @@ class DataConfig:
           "such as '~/corpus/**/*.txt'.")
     if self.tokenizer == 'sentencepiece' and not self.sp_model:
       raise errors.ConfigError(
-          "data.sp_model is empty; tokenizer 'sentencepiece' needs the path of a "
-          '.model file (train one with `python -m loco.data.tokenizers train`).')
+          "data.sp_model is empty; tokenizer 'sentencepiece' needs the path "
+          'of a .model file (train one with `python -m loco.data.tokenizers '
+          'train`).')
     if not self.text_key:
       raise errors.ConfigError('data.text_key is empty; name the text feature.')
     if not self.train_split or not self.eval_split:
-      raise errors.ConfigError('data.train_split and data.eval_split must be set.')
+      raise errors.ConfigError(
+          'data.train_split and data.eval_split must both be set.')
     if self.train_split == self.eval_split:
       raise errors.ConfigError(
-          f'data.train_split and data.eval_split are both {self.train_split!r}; '
-          'evaluate on held-out data (e.g. slices train[:99%] / train[99%:]).')
+          'data.train_split and data.eval_split are both '
+          f'{self.train_split!r}; evaluate on held-out data (e.g. slices '
+          'train[:99%] / train[99%:]).')
     if not isinstance(self.read_threads, int) or self.read_threads < 0:
       raise errors.ConfigError(
           f'data.read_threads is {self.read_threads!r}; use an integer >= 0.')

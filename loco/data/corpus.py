@@ -1,4 +1,4 @@
-"""Local corpora as a TFDS ArrayRecord dataset: the embedded stdlib, or own files.
+"""Local corpora as TFDS ArrayRecord datasets: the stdlib or own text files.
 
 The default corpus is the `.py` source of the running Python's standard library
 (about 1,800 files, 31 MB): real text that needs no download. A user's own text
@@ -20,7 +20,6 @@ import dataclasses
 import fcntl
 import glob
 import hashlib
-import io
 import json
 import logging
 import os
@@ -28,6 +27,7 @@ import platform
 import shutil
 import sysconfig
 import tempfile
+import threading
 import time
 from typing import Any, Iterator
 
@@ -60,7 +60,8 @@ class CorpusSpec:
   @property
   def description(self) -> str:
     if self.kind == 'stdlib':
-      return f'Python {platform.python_version()} standard library ({self.root})'
+      return (f'Python {platform.python_version()} standard library '
+              f'({self.root})')
     return f'text files {self.pattern!r}'
 
 
@@ -76,7 +77,7 @@ def _spec(kind: str, root: str, files: list[str], pattern: str) -> CorpusSpec:
 
 
 def stdlib_spec() -> CorpusSpec:
-  """The `.py` files of the running Python's standard library, site-packages excluded."""
+  """The `.py` files of the running Python's stdlib, without site-packages."""
   root = os.path.realpath(sysconfig.get_paths()['stdlib'])
   files = []
   for dirpath, dirnames, filenames in os.walk(root):
@@ -126,8 +127,13 @@ def split_files(files: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
           'validation': sorted(validation)}
 
 
-class LocoCorpus(tfds.core.GeneratorBasedBuilder):
-  """A list of local files as a TFDS dataset with `text` and `path` features."""
+class LocoCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """A list of local files as a TFDS dataset with `text` and `path` features.
+
+  Not registered by name: it needs its file list to build, while a prepared
+  copy is readable by name anyway (`tfds.data_source('loco_corpus/<config>',
+  data_dir=...)` reads it from its files).
+  """
 
   VERSION = tfds.core.Version(VERSION)
   RELEASE_NOTES = {str(VERSION): 'One document per file; split by path hash.'}
@@ -182,7 +188,14 @@ class LocoCorpus(tfds.core.GeneratorBasedBuilder):
       self._digests[rel] = (len(data), hashlib.sha256(data).hexdigest())
       yield rel, {'text': text, 'path': rel}
 
-  def _download_and_prepare(self, dl_manager: Any, download_config: Any) -> None:
+  def _log_download_bytes(self) -> None:
+    pass  # TFDS would print 'Downloading and preparing'; nothing is downloaded.
+
+  def _log_download_done(self) -> None:
+    pass  # `prepare` logs its own line.
+
+  def _download_and_prepare(self, dl_manager: Any,
+                            download_config: Any) -> None:
     super()._download_and_prepare(
         dl_manager=dl_manager, download_config=download_config)
     # All examples are written now; record the content fingerprint, which
@@ -211,36 +224,50 @@ class LocoCorpus(tfds.core.GeneratorBasedBuilder):
     }
 
 
-@contextlib.contextmanager
-def _quiet_tfds() -> Iterator[None]:
-  """Hides TFDS's progress bars, prints and expected warnings.
+class _HideExpectedWarnings(logging.Filter):
+  """Drops TFDS's warnings about loco corpora that are expected, not problems.
 
-  Preparing a local corpus is a one-second step that TFDS reports as a
-  download ('custom config', 'no dataset_info.json', 'Downloading ...');
-  loco logs one line of its own instead.
+  A loco corpus always uses a custom config, and its folder has no
+  dataset_info.json until it is prepared.
   """
-  absl_logger = logging.getLogger('absl')
-  level = absl_logger.level
-  absl_logger.setLevel(logging.ERROR)
-  active = getattr(tfds.core.utils.tqdm_utils, '_active', True)
-  tfds.display_progress_bar(False)
-  try:
-    with contextlib.redirect_stdout(io.StringIO()):
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.levelno > logging.WARNING:
+      return True
+    message = record.getMessage()
+    if message.startswith('Using custom data configuration'):
+      return not any(f"name='{kind}_" in message for kind in ('stdlib', 'text'))
+    if message.endswith('has no dataset_info.json'):
+      return f'/{BUILDER_NAME}/' not in message
+    return True
+
+
+logging.getLogger('absl').addFilter(_HideExpectedWarnings())
+_PROGRESS_BAR_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+  """Hides TFDS's progress bars, which turn a 1-second step into screenfuls."""
+  # TFDS's switch is global; the lock keeps concurrent preparations in this
+  # process from restoring each other's setting in the wrong order.
+  with _PROGRESS_BAR_LOCK:
+    active = getattr(tfds.core.utils.tqdm_utils, '_active', True)
+    tfds.display_progress_bar(False)
+    try:
       yield
-  finally:
-    tfds.display_progress_bar(active)
-    absl_logger.setLevel(level)
+    finally:
+      tfds.display_progress_bar(active)
 
 
 def _builder(spec: CorpusSpec, data_dir: str) -> tuple[LocoCorpus, bool]:
   """The builder of `spec` in `data_dir` and whether its dataset is prepared."""
-  with _quiet_tfds():
-    builder = LocoCorpus(spec=spec, data_dir=data_dir)
-    return builder, builder.is_prepared()
+  builder = LocoCorpus(spec=spec, data_dir=data_dir)
+  return builder, builder.is_prepared()
 
 
 def _download_and_prepare(builder: LocoCorpus) -> None:
-  with _quiet_tfds(), tempfile.TemporaryDirectory() as downloads:
+  with _no_progress_bars(), tempfile.TemporaryDirectory() as downloads:
     # TFDS wants a download dir even when nothing is downloaded; keep it out
     # of the data dir.
     builder.download_and_prepare(download_dir=downloads)
@@ -295,6 +322,6 @@ def fingerprint(builder: LocoCorpus) -> dict[str, Any]:
   meta = dict(builder.info.metadata or {})
   if 'sha256' not in meta:
     raise errors.DataError(
-        f'the corpus at {builder.data_path} has no fingerprint (metadata.json); '
-        'delete that folder so that loco prepares it again.')
+        f'the corpus at {builder.data_path} has no fingerprint '
+        '(metadata.json); delete that folder so that loco prepares it again.')
   return json.loads(json.dumps(meta))

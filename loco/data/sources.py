@@ -1,7 +1,8 @@
-"""Open one split of a source (stdlib, text files, TFDS) as random-access documents.
+"""One split of a source (stdlib, text files, TFDS) as random-access documents.
 
-Local corpora (stdlib, text files) are small enough to hold in memory: their
-documents are sorted by path and empty files are dropped. A TFDS dataset is read
+Local corpora (stdlib, text files) up to 2 GB are held in memory: their
+documents are sorted by path and empty files are dropped; larger ones are read
+lazily in their stored (sorted-path) order. A TFDS dataset is read
 lazily through `tfds.data_source` (ArrayRecord, no TensorFlow); loco never
 downloads or prepares it.
 """
@@ -19,6 +20,9 @@ import tensorflow_datasets as tfds
 from loco import errors
 from loco.data import config as config_lib
 from loco.data import corpus
+
+# Local corpora up to this size are read into memory (sorted, empties dropped).
+IN_MEMORY_MAX_BYTES = 2_000_000_000
 
 
 class Documents:
@@ -76,7 +80,7 @@ def _corpus_spec(cfg: config_lib.DataConfig) -> corpus.CorpusSpec:
   return corpus.text_spec(cfg.text_glob)
 
 
-def _open_corpus(cfg: config_lib.DataConfig, split: str) -> InMemoryDocuments:
+def _open_corpus(cfg: config_lib.DataConfig, split: str) -> Documents:
   spec = _corpus_spec(cfg)
   builder = corpus.prepare(spec, cfg.resolved_data_dir)
   fp = corpus.fingerprint(builder)
@@ -84,12 +88,17 @@ def _open_corpus(cfg: config_lib.DataConfig, split: str) -> InMemoryDocuments:
     source = builder.as_data_source(split)
   except (ValueError, KeyError) as e:
     raise errors.DataError(
-        f'split {split!r} of the {cfg.source} corpus cannot be read; its splits '
-        f'are train and validation (slices like train[:50%] work): {e}') from e
+        f'split {split!r} of the {cfg.source} corpus cannot be read; its '
+        f'splits are train and validation (slices like train[:50%] work): {e}'
+    ) from e
+  name = f'{cfg.source} corpus ({spec.description}) split {split!r}'
+  if fp['bytes'] > IN_MEMORY_MAX_BYTES:
+    # Stored in sorted-path order already; read lazily like any TFDS dataset.
+    return TfdsDocuments(name=name, identity=f'{fp["sha256"]}:{split}',
+                         source=source, text_key='text')
   records = source.__getitems__(list(range(len(source))))
   docs = sorted((_as_str(r['path']), _as_bytes(r['text'])) for r in records)
   docs = [(path, text) for path, text in docs if text.strip()]
-  name = f'{cfg.source} corpus ({spec.description}) split {split!r}'
   if not docs:
     raise errors.DataError(f'{name} has no non-empty documents.')
   return InMemoryDocuments(
@@ -113,8 +122,8 @@ def _not_prepared(name: str, data_dir: str, why: str) -> errors.DataError:
   return errors.DataError(
       f'TFDS dataset {name!r} is {why} in {data_dir} (data.data_dir) and loco '
       f'does not download datasets: prepare it once with '
-      f'{_build_command(name, data_dir)} (needs TensorFlow) or copy a prepared '
-      'ArrayRecord copy there.')
+      f'{_build_command(name, data_dir)} (needs TensorFlow) or copy an '
+      'ArrayRecord build of it there.')
 
 
 def _open_tfds(cfg: config_lib.DataConfig, split: str) -> TfdsDocuments:
@@ -141,6 +150,11 @@ def _open_tfds(cfg: config_lib.DataConfig, split: str) -> TfdsDocuments:
           f'(data.train_split / data.eval_split): {e}') from e
     raise errors.DataError(
         f'cannot open TFDS dataset {name!r} in {data_dir}: {e}') from e
+  except Exception as e:  # pylint: disable=broad-except
+    # E.g. a gs:// data dir without a GCS file system installed.
+    raise errors.DataError(
+        f'cannot open TFDS dataset {name!r} split {split!r} in {data_dir}: '
+        f'{e.__class__.__name__}: {e}') from e
   if len(source) == 0:
     raise errors.DataError(
         f'split {split!r} of TFDS dataset {name!r} in {data_dir} is empty.')
@@ -201,7 +215,7 @@ def fingerprint(cfg: config_lib.DataConfig) -> dict[str, Any]:
 
 def _tfds_info_hash(cfg: config_lib.DataConfig, docs: Documents,
                     info: dict[str, Any]) -> str:
-  """sha256 of the dataset's dataset_info.json (sizes, checksums), if readable."""
+  """sha256 of the dataset's dataset_info.json (sizes, shards), if readable."""
   dataset_info = getattr(getattr(docs, 'source', None), 'dataset_info', None)
   data_dir = getattr(dataset_info, 'data_dir', None)
   try:

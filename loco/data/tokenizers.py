@@ -186,8 +186,8 @@ def train_sentencepiece(
   """
   if vocab_size < 320:
     raise errors.ConfigError(
-        f'vocab_size is {vocab_size}; a byte-fallback SentencePiece model needs '
-        'at least 320 (256 byte pieces, specials and merges).')
+        f'vocab_size is {vocab_size}; a byte-fallback SentencePiece model '
+        'needs at least 320 (256 byte pieces, specials and merges).')
   if model_type not in ('bpe', 'unigram'):
     raise errors.ConfigError(
         f"model_type is {model_type!r}; allowed values: bpe, unigram.")
@@ -212,12 +212,13 @@ def train_sentencepiece(
     )
   except RuntimeError as e:
     raise errors.DataError(
-        f'SentencePiece training failed for vocab_size {vocab_size}: {e}') from e
+        f'SentencePiece training failed for vocab_size {vocab_size}: {e}'
+    ) from e
   out = epath.Path(os.path.expanduser(output))
   out.parent.mkdir(parents=True, exist_ok=True)
   tmp = out.parent / f'.{out.name}.tmp{os.getpid()}'
   tmp.write_bytes(model.getvalue())
-  tmp.rename(out)
+  tmp.replace(out)  # Atomic: a reader never sees half a model.
   return SentencePieceTokenizer(os.fspath(out))
 
 
