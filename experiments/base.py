@@ -41,7 +41,8 @@ def get_config() -> config_dict.ConfigDict:
   c.data.tokenizer = 'bytes'        # bytes | sentencepiece
   c.data.sp_model = ''              # SentencePiece .model path (tokenizer == sentencepiece)
   c.data.sharding = 'iid'           # iid | noniid: how documents are split across workers
-  c.data.noniid_by = 'file'         # file | cluster (non-iid split rule)
+  c.data.noniid_by = 'file'         # file | cluster (non-iid split rule; cluster reads <= 200k docs)
+  c.data.read_threads = 2           # reader threads per worker for a TFDS source
 
   c.optimizer = config_dict.ConfigDict()  # the inner optimizer, shared by all algorithms
   c.optimizer.lr = 3e-3             # peak AdamW learning rate

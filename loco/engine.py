@@ -144,7 +144,7 @@ def local_updates(
     inner_state = vmap(inner.init, 0)(stacked)
     anchor = outer_state = None
     if outer is not None:
-      anchor = stacked
+      anchor = jax.tree.map(jnp.copy, stacked)   # its own buffers: the state is donated
       outer_state = vmap(outer.init, 0)(stacked)
     return LocoState(step=jnp.zeros((), jnp.int32), params=stacked,
                      inner_state=inner_state, anchor=anchor,

@@ -4,6 +4,7 @@ import os
 import sys
 
 from absl import app
+from absl import logging
 from absl import flags
 from ml_collections import config_flags
 
@@ -15,9 +16,19 @@ _WORKDIR = flags.DEFINE_string(
 
 def main(argv):
   del argv
+  logging.set_verbosity(logging.WARNING)   # orbax and tfds are chatty at INFO
   from loco import train
   from loco.errors import LocoError
-  config = _CONFIG.value
+  path = config_flags.get_config_filename(flags.FLAGS['config']).split(':')[0]
+  if not os.path.isfile(path):
+    print(f'loco: error: the config file {path} does not exist.', file=sys.stderr)
+    sys.exit(2)
+  try:
+    config = _CONFIG.value
+    config.keys()   # the config file is loaded lazily; make it fail here
+  except OSError as e:
+    print(f'loco: error: {str(e).splitlines()[0]} ({path}).', file=sys.stderr)
+    sys.exit(2)
   workdir = _WORKDIR.value or f'runs/{_config_name()}'
   try:
     record = train.run(config, workdir)
@@ -32,6 +43,19 @@ def _config_name() -> str:
   return os.path.splitext(os.path.basename(path.split(':')[0]))[0]
 
 
+def _parse_flags(argv):
+  """Parses flags; a bad flag or config override is one line on stderr, exit code 2."""
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # config_flags raises KeyError/TypeError/ValueError for overrides
+    message = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
+    message = ' '.join(line.strip() for line in message.splitlines() if line.strip())
+    if isinstance(e, KeyError):
+      message = f'unknown config key {message}'
+    print(f'loco: error: {message}', file=sys.stderr)
+    sys.exit(2)
+
+
 if __name__ == '__main__':
   flags.mark_flag_as_required('config')
-  app.run(main)
+  app.run(main, flags_parser=_parse_flags)

@@ -1,0 +1,118 @@
+"""End-to-end runs: outputs, exact resume, divergence, and user errors from the CLI."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from loco import train
+from loco.errors import CheckpointError, ConfigError, DataError, DivergenceError
+from loco.metrics import TIMING_KEYS, read_metrics
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _comparable(records):
+  return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
+
+
+def test_run_writes_outputs_and_resumes_exactly(nano_config, tmp_path):
+  nano_config.algorithm.name = 'diloco'
+  nano_config.algorithm.sync_every = 3
+  full = str(tmp_path / 'full')
+  last = train.run(nano_config, full)
+  records = read_metrics(full)
+  assert [r['step'] for r in records] == [5, 10, 15, 20]
+  for key in ('step', 'tokens', 'train_loss', 'bytes_sent', 'bytes_received', 'peak_bytes',
+              'syncs', 'sim_seconds', 'tokens_per_second'):
+    assert key in records[-1], key
+  for key in ('eval_loss', 'eval_loss_workers', 'worker_spread'):
+    assert key in records[1] and key in records[3], key
+  assert records[-1]['tokens'] == 20 * 2 * 2 * 32
+  assert records[-1]['syncs'] == 6                  # steps 3, 6, ..., 18
+  assert last == records[-1]
+  config_json = json.load(open(os.path.join(full, 'config.json')))
+  assert config_json['data_fingerprint']['files'] > 0
+  assert config_json['model']['param_count'] > 0
+  assert any(f.startswith('events') for f in os.listdir(os.path.join(full, 'tensorboard')))
+
+  # Interrupt: keep only the step-10 checkpoint, as if the run died after it.
+  resumed = str(tmp_path / 'resumed')
+  shutil.copytree(full, resumed)
+  shutil.rmtree(os.path.join(resumed, 'checkpoints', '20'))
+  train.run(nano_config, resumed)
+  assert _comparable(read_metrics(resumed)) == _comparable(records)
+
+
+def test_divergence_stops_with_the_step_and_keeps_the_checkpoint(nano_config, tmp_path):
+  nano_config.steps = 40
+  nano_config.optimizer.clip_norm = 0.0
+  workdir = str(tmp_path / 'run')
+  train.run(nano_config, workdir)                       # a good run to step 40
+  nano_config.steps = 60
+  nano_config.optimizer.lr = 1e30                       # resumes at 40, then explodes
+  nano_config.optimizer.decay_steps = 1000
+  with pytest.raises(DivergenceError, match=r'at step \d+; the last good checkpoint \(step 40\)'):
+    train.run(nano_config, workdir)
+  assert os.path.isdir(os.path.join(workdir, 'checkpoints', '40'))
+
+
+def test_corrupt_checkpoint_is_a_clear_error(nano_config, tmp_path):
+  workdir = str(tmp_path / 'run')
+  train.run(nano_config, workdir)
+  ckpt = os.path.join(workdir, 'checkpoints', '20', 'state')
+  for root, _, files in os.walk(ckpt):
+    for name in files:
+      with open(os.path.join(root, name), 'wb') as f:
+        f.write(b'garbage')
+  with pytest.raises(CheckpointError, match='cannot be read'):
+    train.run(nano_config, workdir)
+  assert os.path.isdir(os.path.join(workdir, 'checkpoints', '10'))
+
+
+@pytest.mark.parametrize('key,value,match', [
+    ('optimizer.lr', -1.0, 'optimizer.lr must be positive'),
+    ('seq_len', 4096, "above the model's max_seq_len"),
+    ('num_workers', 0, 'num_workers must be >= 1'),
+    ('eval.every', 7, 'multiple of log_every'),
+    ('algorithm.name', 'nope', 'algorithm.name must be one of'),
+    ('algorithm.sync_every', 0, 'sync_every'),
+    ('data.sharding', 'random', 'sharding'),
+    ('mesh.workers', 3, 'mesh.workers'),
+])
+def test_bad_config_values(nano_config, tmp_path, key, value, match):
+  section, _, leaf = key.rpartition('.')
+  (nano_config[section] if section else nano_config)[leaf] = value
+  with pytest.raises(ConfigError, match=match):
+    train.run(nano_config, str(tmp_path / 'run'))
+
+
+def test_missing_data_dir_is_a_clear_error(nano_config, tmp_path):
+  nano_config.data.source = 'tfds'
+  nano_config.data.tfds_name = 'c4/en:3.1.0'
+  nano_config.data.data_dir = str(tmp_path / 'nowhere')
+  with pytest.raises(DataError, match='c4'):
+    train.run(nano_config, str(tmp_path / 'run'))
+
+
+def _cli(*args, cwd=REPO):
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  return subprocess.run([sys.executable, '-m', 'loco.main', *args], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=300)
+
+
+def test_cli_unknown_key_and_bad_value_fail_in_one_line(tmp_path):
+  out = _cli('--config=experiments/tiny_ddp.py', f'--workdir={tmp_path}',
+             '--config.optimizr.lr=1')
+  assert out.returncode != 0
+  assert 'optimizr' in out.stderr and 'Traceback' not in out.stderr
+  out = _cli('--config=experiments/tiny_ddp.py', f'--workdir={tmp_path}',
+             '--config.optimizer.lr=-1')
+  assert out.returncode == 1
+  assert out.stderr.strip().splitlines()[-1] == (
+      'loco: error: optimizer.lr must be positive, got -1.0.')
+  assert 'Traceback' not in out.stderr
