@@ -62,6 +62,24 @@ def get_config() -> config_dict.ConfigDict:
   c.algorithm.outer_lr = placeholder(float)        # outer learning rate
   c.algorithm.outer_momentum = placeholder(float)  # outer momentum (Adam: b1)
   c.algorithm.transport_dtype = placeholder(str)   # float32 | bfloat16 | float16 on the wire
+  c.algorithm.topology = placeholder(str)          # gossip graph: ring | matching | ... (TOPOLOGIES)
+  c.algorithm.weights = placeholder(str)           # gossip weights: metropolis | uniform
+  c.algorithm.mix = placeholder(str)               # GASLoC gossips: models | deltas
+  c.algorithm.gossip_step = placeholder(float)     # gossip step size in (0, 1]
+  c.algorithm.seed = placeholder(int)              # seed of an erdos_renyi gossip graph
+  c.algorithm.compression = placeholder(str)       # value codec: none | 2bit | int8 | int4 | e4m3 | e3m0
+  c.algorithm.error_decay = placeholder(float)     # SparseLoCo error-feedback decay beta
+  c.algorithm.topk = placeholder(int)              # SparseLoCo values kept per chunk (64 | 128)
+  c.algorithm.chunk_size = placeholder(int)        # SparseLoCo values per chunk (4096 = 64x64 tiles)
+  c.algorithm.dense_below = placeholder(int)       # SparseLoCo: smaller tensors sent whole (0: none)
+  c.algorithm.aggregation = placeholder(str)       # SparseLoCo mean: contributors | workers
+  c.algorithm.num_fragments = placeholder(int)     # Streaming: P block fragments (None: one per block)
+  c.algorithm.layers_per_fragment = placeholder(int)  # Streaming: blocks per fragment, instead of P
+  c.algorithm.fragment_pattern = placeholder(str)  # Streaming: strided | sequential blocks per fragment
+  c.algorithm.non_block = placeholder(str)         # Streaming: embeddings/norm/head fragment: own | first
+  c.algorithm.overlap_steps = placeholder(int)     # Streaming: tau, steps from a sync to its merge
+  c.algorithm.merge_alpha = placeholder(float)     # Streaming: alpha, weight of local params in the merge
+  c.algorithm.eager = placeholder(bool)            # Streaming: eager updates (arXiv 2502.12996)
 
   c.eval = config_dict.ConfigDict()
   c.eval.every = 100                # steps between evaluations (multiple of log_every)

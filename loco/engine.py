@@ -53,11 +53,18 @@ class StepInfo(NamedTuple):
     bytes_received: [M] float32, bytes each worker received this step.
     comms: [M] int32, communication events each worker took part in this step.
     synced: bool scalar, whether the outer step ran this step.
+    fragment: int32 scalar, the parameter fragment whose sync started this step (-1:
+      none), or None for algorithms that sync the whole model (loco.streaming).
+    overlap_steps: int32 scalar, inner steps that the communication started this step
+      may run behind before its result is needed (Streaming DiLoCo's tau), or None:
+      the communication blocks the step.
   """
   bytes_sent: jax.Array
   bytes_received: jax.Array
   comms: jax.Array
   synced: jax.Array
+  fragment: jax.Array | None = None
+  overlap_steps: jax.Array | None = None
 
 
 class LocoState(NamedTuple):
@@ -88,7 +95,7 @@ class Algorithm(NamedTuple):
   step: Callable[..., tuple[LocoState, StepInfo]]
 
 
-def _per_worker_context(ctx: StepContext | None, num_workers: int):
+def per_worker_context(ctx: StepContext | None, num_workers: int):
   """Splits a StepContext into per-worker (mapped) and shared (unmapped) parts."""
   ctx = ctx or StepContext()
   ones = jnp.ones((num_workers,), bool)
@@ -100,6 +107,22 @@ def _per_worker_context(ctx: StepContext | None, num_workers: int):
 def _where(pred: jax.Array, new: PyTree, old: PyTree) -> PyTree:
   # A per-worker mask under vmap: each worker keeps or replaces its own tree.
   return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
+
+
+def inner_step(inner: optax.GradientTransformationExtraArgs, params: PyTree,
+               inner_state: PyTree, grads: PyTree, active: jax.Array,
+               context: comm.WorkerContext):
+  """One worker's inner step, inside the worker map; inactive workers keep everything.
+
+  Returns:
+    (params, inner_state, bytes_sent, bytes_received, comms) of this worker.
+  """
+  updates, new_inner = inner.update(grads, inner_state, params, context=context)
+  new_params = optax.apply_updates(params, updates)
+  # Inactive workers neither step nor communicate in the inner chain.
+  params = _where(active, new_params, params)
+  inner_state = _where(active, new_inner, inner_state)
+  return (params, inner_state) + comm.wire_bytes(inner_state)
 
 
 def local_updates(
@@ -153,12 +176,8 @@ def local_updates(
   def worker_step(params, inner_state, anchor, outer_state, grads, active, alive,
                   mixing, do_sync, key):
     context = comm.WorkerContext(active=active, alive=alive, mixing=mixing, key=key)
-    updates, new_inner = inner.update(grads, inner_state, params, context=context)
-    new_params = optax.apply_updates(params, updates)
-    # Inactive workers neither step nor communicate in the inner chain.
-    params = _where(active, new_params, params)
-    inner_state = _where(active, new_inner, inner_state)
-    sent, received, comms = comm.wire_bytes(inner_state)
+    params, inner_state, sent, received, comms = inner_step(
+        inner, params, inner_state, grads, active, context)
     if outer is None:
       return params, inner_state, anchor, outer_state, sent, received, comms
 
@@ -180,7 +199,7 @@ def local_updates(
   def step(state: LocoState, grads: PyTree,
            ctx: StepContext | None = None) -> tuple[LocoState, StepInfo]:
     num_workers = jax.tree.leaves(state.params)[0].shape[0]
-    active, alive, mixing, sync, ctx_key = _per_worker_context(ctx, num_workers)
+    active, alive, mixing, sync, ctx_key = per_worker_context(ctx, num_workers)
     key, step_key = jax.random.split(state.key)
     if ctx_key is not None:
       step_key = ctx_key

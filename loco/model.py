@@ -21,10 +21,12 @@ Parameter tree (keys of the pure dict)::
   embed:       (vocab_size, d_model)
   blocks: {i:  (i = 0 .. num_layers - 1, int keys from `nnx.List`)
     attn_norm: {scale: (d_model,)}
-    attn: {qkv: (d_model, 3, num_heads, head_dim), out: (num_heads, head_dim, d_model),
+    attn: {qkv: (d_model, 3, num_heads, head_dim),
+           out: (num_heads, head_dim, d_model),
            [q_norm: {scale: (head_dim,)}, k_norm: {scale: (head_dim,)}]}
     mlp_norm:  {scale: (d_model,)}
-    mlp: {w_in: (d_model, d_ff) | (d_model, 2, d_ff) for swiglu, w_out: (d_ff, d_model)}
+    mlp: {w_in: (d_model, d_ff), or (d_model, 2, d_ff) for swiglu,
+          w_out: (d_ff, d_model)}
   }
   final_norm:  {scale: (d_model,)}
   [head:       (d_model, vocab_size)]   only when tie_embeddings is False
@@ -120,15 +122,15 @@ class ModelConfig:
     return _DTYPES[self.dtype]
 
 
-# Paper-scale presets follow the DiLoCo paper's Chinchilla-style table
-# (arXiv 2311.08105, Table 5: layers / hidden / heads / K-V size, vocab 32000):
-# 60m 3/896/16/64, 150m 12/896/16/64, 400m 12/1536/12/128; '1b' is the
-# 24-layer d2048 model of the DiLoCo scaling-law paper (arXiv 2503.09799).
-# d_ff = 4 * d_model. Output heads are tied (the parameter counts match the
-# paper's names only when tied: 59M, 150M, 389M, 1.27B). QK-norm and z-loss
-# are on for the large presets: both are cheap and make the higher learning
-# rates of the DiLoCo inner AdamW stable; the CPU presets keep them off so they
-# match the plain reference model of STACK-NOTES.
+# Paper-scale presets follow the DiLoCo paper's Chinchilla-style models
+# (arXiv 2311.08105: layers / d_model / heads / key-value size, vocab 32000):
+# 60m 3/896/16/64, 150m 12/896/16/64, 400m 12/1536/12/128; '1b' is a
+# 24-layer, d_model 2048 model of the kind used in the DiLoCo scaling-law study
+# (arXiv 2503.09799). d_ff = 4 * d_model. Output heads are tied: the parameter
+# counts then match the names (59M, 150M, 389M, 1.27B). QK-norm and z-loss
+# 1e-4 are on for these: both are cheap and guard the larger learning rates of
+# long runs against attention-logit and output-logit blow-ups; the CPU presets
+# keep them off so they match the plain reference model of STACK-NOTES.
 PRESETS: dict[str, dict[str, Any]] = {
     'nano': dict(vocab_size=256, d_model=32, num_layers=2, num_heads=2,
                  d_ff=64, max_seq_len=128),
@@ -171,8 +173,27 @@ def model_config(preset: str, **overrides: Any) -> ModelConfig:
   return ModelConfig(**{**PRESETS[preset], **overrides})
 
 
-def _normal(rngs: nnx.Rngs, shape: tuple[int, ...], std: float) -> nnx.Param:
-  return nnx.Param(std * jax.random.normal(rngs.params(), shape, jnp.float32))
+class _NormalDraws:
+  """Hands out consecutive slices of one normal draw as scaled params.
+
+  One RNG op for the whole model compiles about 5x faster on CPU than one per
+  tensor (each threefry call is a large unrolled HLO), which is most of the
+  init time of small models. The cost is a transient second copy of the
+  weights during init.
+  """
+
+  def __init__(self, key: jax.Array, total: int):
+    self._z = jax.random.normal(key, (total,), jnp.float32)
+    self._offset = 0
+
+  def param(self, shape: tuple[int, ...], std: float) -> nnx.Param:
+    size = math.prod(shape)
+    z = self._z[self._offset:self._offset + size]
+    self._offset += size
+    return nnx.Param(std * z.reshape(shape))
+
+  def check_used_up(self) -> None:
+    assert self._offset == self._z.shape[0], (self._offset, self._z.shape)
 
 
 def rope(x_BxLxHxK: jax.Array, positions_L: jax.Array,
@@ -204,31 +225,34 @@ class RMSNorm(nnx.Module):
 class Attention(nnx.Module):
   """Causal multi-head self-attention with RoPE and optional QK-norm."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, draws: _NormalDraws):
     self.cfg = cfg
     d, h, k = cfg.d_model, cfg.num_heads, cfg.resolved_head_dim
     # One fused projection: a single large matmul is faster than three on CPU.
-    self.qkv = _normal(rngs, (d, 3, h, k), _INIT_STD)
-    self.out = _normal(rngs, (h, k, d),
-                       _INIT_STD / math.sqrt(2 * cfg.num_layers))
+    self.qkv = draws.param((d, 3, h, k), _INIT_STD)
+    self.out = draws.param((h, k, d), _INIT_STD / math.sqrt(2 * cfg.num_layers))
     if cfg.qk_norm:
       self.q_norm = RMSNorm(k)
       self.k_norm = RMSNorm(k)
 
-  def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
+  def __call__(self, x_NxD: jax.Array, batch_size: int) -> jax.Array:
     cfg = self.cfg
     dtype = cfg.compute_dtype
-    seq_len = x_BxLxD.shape[1]
-    qkv = jnp.einsum('bld,dthk->tblhk', x_BxLxD, self.qkv[...].astype(dtype))
-    q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = qkv[0], qkv[1], qkv[2]
+    d, h, k = cfg.d_model, cfg.num_heads, cfg.resolved_head_dim
+    seq_len = x_NxD.shape[0] // batch_size
+    qkv = x_NxD @ self.qkv[...].astype(dtype).reshape(d, 3 * h * k)
+    qkv_BxLx3xHxK = qkv.reshape(batch_size, seq_len, 3, h, k)
+    q_BxLxHxK = qkv_BxLx3xHxK[:, :, 0]
+    k_BxLxHxK = qkv_BxLx3xHxK[:, :, 1]
+    v_BxLxHxK = qkv_BxLx3xHxK[:, :, 2]
     if cfg.qk_norm:
       q_BxLxHxK = self.q_norm(q_BxLxHxK)
       k_BxLxHxK = self.k_norm(k_BxLxHxK)
     positions_L = jnp.arange(seq_len)
     q_BxLxHxK = rope(q_BxLxHxK, positions_L, cfg.rope_theta)
     k_BxLxHxK = rope(k_BxLxHxK, positions_L, cfg.rope_theta)
-    scale = 1.0 / math.sqrt(cfg.resolved_head_dim)
-    scores_BxHxLxL = jnp.einsum('bqhk,bshk->bhqs', q_BxLxHxK * scale,
+    q_BxLxHxK = q_BxLxHxK * jnp.asarray(1.0 / math.sqrt(k), dtype)
+    scores_BxHxLxL = jnp.einsum('bqhk,bshk->bhqs', q_BxLxHxK,
                                 k_BxLxHxK).astype(jnp.float32)
     causal_LxL = jnp.tril(jnp.ones((seq_len, seq_len), jnp.bool_))
     # A large finite negative (not -inf) keeps the masked softmax NaN-free.
@@ -236,78 +260,89 @@ class Attention(nnx.Module):
                                jnp.finfo(jnp.float32).min)
     probs_BxHxLxL = jax.nn.softmax(scores_BxHxLxL, axis=-1).astype(dtype)
     ctx_BxLxHxK = jnp.einsum('bhqs,bshk->bqhk', probs_BxHxLxL, v_BxLxHxK)
-    return jnp.einsum('blhk,hkd->bld', ctx_BxLxHxK, self.out[...].astype(dtype))
+    return (ctx_BxLxHxK.reshape(batch_size * seq_len, h * k)
+            @ self.out[...].astype(dtype).reshape(h * k, d))
 
 
 class MLP(nnx.Module):
   """GELU (tanh approximation) or SwiGLU (arXiv 2002.05202) feed-forward."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, draws: _NormalDraws):
     self.cfg = cfg
     d, f = cfg.d_model, cfg.d_ff
     # SwiGLU's gate and up projections are fused into one matmul.
     in_shape = (d, 2, f) if cfg.mlp == 'swiglu' else (d, f)
-    self.w_in = _normal(rngs, in_shape, _INIT_STD)
-    self.w_out = _normal(rngs, (f, d),
-                         _INIT_STD / math.sqrt(2 * cfg.num_layers))
+    self.w_in = draws.param(in_shape, _INIT_STD)
+    self.w_out = draws.param((f, d), _INIT_STD / math.sqrt(2 * cfg.num_layers))
 
-  def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
-    dtype = self.cfg.compute_dtype
+  def __call__(self, x_NxD: jax.Array) -> jax.Array:
+    cfg = self.cfg
+    dtype = cfg.compute_dtype
     w_in = self.w_in[...].astype(dtype)
-    if self.cfg.mlp == 'swiglu':
-      gate_up = jnp.einsum('bld,dtf->tblf', x_BxLxD, w_in)
-      hidden_BxLxF = jax.nn.silu(gate_up[0]) * gate_up[1]
+    if cfg.mlp == 'swiglu':
+      gate_up_Nx2xF = (x_NxD @ w_in.reshape(cfg.d_model, 2 * cfg.d_ff)).reshape(
+          -1, 2, cfg.d_ff)
+      hidden_NxF = jax.nn.silu(gate_up_Nx2xF[:, 0]) * gate_up_Nx2xF[:, 1]
     else:
-      hidden_BxLxF = jax.nn.gelu(x_BxLxD @ w_in, approximate=True)
-    return hidden_BxLxF @ self.w_out[...].astype(dtype)
+      hidden_NxF = jax.nn.gelu(x_NxD @ w_in, approximate=True)
+    return hidden_NxF @ self.w_out[...].astype(dtype)
 
 
 class Block(nnx.Module):
   """Pre-norm residual block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, *, draws: _NormalDraws):
     self.attn_norm = RMSNorm(cfg.d_model)
-    self.attn = Attention(cfg, rngs=rngs)
+    self.attn = Attention(cfg, draws=draws)
     self.mlp_norm = RMSNorm(cfg.d_model)
-    self.mlp = MLP(cfg, rngs=rngs)
+    self.mlp = MLP(cfg, draws=draws)
 
-  def __call__(self, x_BxLxD: jax.Array) -> jax.Array:
-    x_BxLxD = x_BxLxD + self.attn(self.attn_norm(x_BxLxD))
-    return x_BxLxD + self.mlp(self.mlp_norm(x_BxLxD))
+  def __call__(self, x_NxD: jax.Array, batch_size: int) -> jax.Array:
+    x_NxD = x_NxD + self.attn(self.attn_norm(x_NxD), batch_size)
+    return x_NxD + self.mlp(self.mlp_norm(x_NxD))
 
 
 class Transformer(nnx.Module):
-  """Decoder-only Transformer LM: int32 tokens (B, L) -> float32 logits (B, L, V)."""
+  """Decoder-only LM: int tokens (B, L) -> float32 logits (B, L, V)."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.cfg = cfg
-    self.embed = _normal(rngs, (cfg.vocab_size, cfg.d_model), _INIT_STD)
+    head = 0 if cfg.tie_embeddings else cfg.d_model * cfg.vocab_size
+    draws = _NormalDraws(rngs.params(), matmul_param_count(cfg) + head)
+    self.embed = draws.param((cfg.vocab_size, cfg.d_model), _INIT_STD)
     self.blocks = nnx.List(
-        [Block(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        [Block(cfg, draws=draws) for _ in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.d_model)
     if not cfg.tie_embeddings:
-      self.head = _normal(rngs, (cfg.d_model, cfg.vocab_size), _INIT_STD)
+      self.head = draws.param((cfg.d_model, cfg.vocab_size), _INIT_STD)
+    draws.check_used_up()
 
   def __call__(self, tokens_BxL: jax.Array) -> jax.Array:
     cfg = self.cfg
-    if tokens_BxL.shape[-1] > cfg.max_seq_len:
+    batch_size, seq_len = tokens_BxL.shape
+    if seq_len > cfg.max_seq_len:
       raise ConfigError(
-          f'Sequence length {tokens_BxL.shape[-1]} exceeds model.max_seq_len '
+          f'Sequence length {seq_len} exceeds model.max_seq_len '
           f'({cfg.max_seq_len}); lower the data seq_len or raise max_seq_len.')
     dtype = cfg.compute_dtype
     embed_VxD = self.embed[...].astype(dtype)
-    x_BxLxD = jnp.take(embed_VxD, tokens_BxL, axis=0)
+    # The residual stream is kept as (tokens, d_model), N = B * L: with a 2-D
+    # activation XLA:CPU computes weight gradients without materialising a
+    # transposed copy of the (N, d_ff) activations, which made the step 1.5x
+    # slower when the activations were (B, L, d).
+    x_NxD = jnp.take(embed_VxD, tokens_BxL.reshape(-1), axis=0)
     for block in self.blocks:
-      x_BxLxD = block(x_BxLxD)
-    x_BxLxD = self.final_norm(x_BxLxD)
+      x_NxD = block(x_NxD, batch_size)
+    x_NxD = self.final_norm(x_NxD)
     if cfg.tie_embeddings:
-      logits = jnp.einsum('bld,vd->blv', x_BxLxD, embed_VxD)
+      logits_NxV = x_NxD @ embed_VxD.T
     else:
-      logits = x_BxLxD @ self.head[...].astype(dtype)
-    return logits.astype(jnp.float32)
+      logits_NxV = x_NxD @ self.head[...].astype(dtype)
+    return logits_NxV.astype(jnp.float32).reshape(batch_size, seq_len, -1)
 
 
-def init_params(cfg: ModelConfig, key: jax.Array) -> tuple[nnx.GraphDef, PyTree]:
+def init_params(cfg: ModelConfig,
+                key: jax.Array) -> tuple[nnx.GraphDef, PyTree]:
   """Initialises the model and splits it into a graphdef and pure params.
 
   Works under `jax.eval_shape(functools.partial(init_params, cfg), key)` for
@@ -321,6 +356,14 @@ def init_params(cfg: ModelConfig, key: jax.Array) -> tuple[nnx.GraphDef, PyTree]
     `(graphdef, params)`: the static structure for `apply`, and a nested dict
     of float32 arrays (see the module docstring for its keys).
   """
+  return _init_params_jit(cfg, key)
+
+
+# Jitted because eager init dispatches (and compiles) one small op per
+# parameter, which costs seconds even for the nano model.
+@functools.partial(jax.jit, static_argnums=0)
+def _init_params_jit(cfg: ModelConfig,
+                     key: jax.Array) -> tuple[nnx.GraphDef, PyTree]:
   model = Transformer(cfg, rngs=nnx.Rngs(params=key))
   graphdef, state = nnx.split(model, nnx.Param)
   return graphdef, state.to_pure_dict()
@@ -329,8 +372,13 @@ def init_params(cfg: ModelConfig, key: jax.Array) -> tuple[nnx.GraphDef, PyTree]
 def apply(cfg: ModelConfig, graphdef: nnx.GraphDef, params: PyTree,
           tokens_BxL: jax.Array) -> jax.Array:
   """Returns float32 logits (B, L, V) of one model for int tokens (B, L)."""
-  del cfg  # The graphdef carries the config; kept for a uniform signature.
   model = nnx.merge(graphdef, params)
+  # The graphdef carries the config it was built with; a different `cfg` here
+  # (say bfloat16 asked for, float32 built) would be silently ignored.
+  if dataclasses.replace(model.cfg, z_loss=cfg.z_loss) != cfg:
+    raise ConfigError(
+        f'The model config {cfg} differs from the one the graphdef was built '
+        f'with ({model.cfg}); call init_params with this config.')
   return model(tokens_BxL)
 
 
@@ -386,7 +434,7 @@ def param_count(cfg: ModelConfig, *, non_embedding: bool = False) -> int:
 
 
 def matmul_param_count(cfg: ModelConfig) -> int:
-  """Weights used in matmuls per token: blocks plus the output head (tied or not)."""
+  """Weights used in matmuls: the blocks' and the output head (tied or not)."""
   attn = cfg.d_model * 4 * cfg.num_heads * cfg.resolved_head_dim
   mlp = (3 if cfg.mlp == 'swiglu' else 2) * cfg.d_model * cfg.d_ff
   return cfg.num_layers * (attn + mlp) + cfg.d_model * cfg.vocab_size
@@ -417,5 +465,5 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
 
 
 def weight_decay_mask(params: PyTree) -> PyTree:
-  """True for weight matrices and embeddings, False for norm scales (for optax)."""
+  """An optax weight-decay mask: True for matrices, False for norm scales."""
   return jax.tree.map(lambda p: p.ndim >= 2, params)

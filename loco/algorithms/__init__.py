@@ -12,6 +12,10 @@ import optax
 
 from loco.algorithms.ddp import ddp
 from loco.algorithms.diloco import diloco, local_sgd
+from loco.algorithms.gasloc import gasloc
+from loco.algorithms.gossip_baselines import a2cid2, adpsgd, dsgd, noloco
+from loco.algorithms.sparseloco import sparseloco
+from loco.algorithms.streaming import streaming_diloco
 from loco.engine import Algorithm
 from loco.errors import ConfigError
 
@@ -19,6 +23,13 @@ REGISTRY: dict[str, Callable[..., Algorithm]] = {
     'ddp': ddp,
     'diloco': diloco,
     'local_sgd': local_sgd,
+    'sparseloco': sparseloco,
+    'gasloc': gasloc,
+    'dsgd': dsgd,
+    'adpsgd': adpsgd,
+    'a2cid2': a2cid2,
+    'noloco': noloco,
+    'streaming_diloco': streaming_diloco,
 }
 
 

@@ -3,6 +3,7 @@
 import optax
 
 from loco import comm
+from loco import compress
 from loco import optim
 from loco.engine import Algorithm, local_updates
 
@@ -10,6 +11,7 @@ from loco.engine import Algorithm, local_updates
 def diloco(inner: optax.GradientTransformation, *, sync_every: int = 500,
            outer_optimizer: str = 'nesterov', outer_lr: float = 0.7,
            outer_momentum: float = 0.9, transport_dtype: str = 'float32',
+           compression: str = 'none',
            outer: optax.GradientTransformation | None = None, mesh=None) -> Algorithm:
   """DiLoCo: every H inner steps, average pseudo-gradients and take an outer step.
 
@@ -24,6 +26,9 @@ def diloco(inner: optax.GradientTransformation, *, sync_every: int = 500,
     outer_lr: outer learning rate eta (0.7).
     outer_momentum: outer momentum mu (0.9).
     transport_dtype: dtype of pseudo-gradients on the wire.
+    compression: 'none', or a codec of `loco.compress.CODECS` ('e3m0', 'e4m3',
+      'int8', ...) for a compressed all-reduce (FP32 reduction; overrides
+      transport_dtype).
     outer: any optax chain to use as the outer optimizer instead of the named one.
     mesh: optional device mesh with a "workers" axis.
 
@@ -35,8 +40,9 @@ def diloco(inner: optax.GradientTransformation, *, sync_every: int = 500,
   """
   if outer is None:
     outer = optim.outer_optimizer(outer_optimizer, outer_lr, outer_momentum)
-  return local_updates(inner, optax.chain(comm.all_reduce_mean(transport_dtype), outer),
-                       sync_every=sync_every, mesh=mesh)
+  link = (comm.all_reduce_mean(transport_dtype) if compression == 'none' else
+          comm.compressed_all_reduce_mean(compress.by_name(compression)))
+  return local_updates(inner, optax.chain(link, outer), sync_every=sync_every, mesh=mesh)
 
 
 def local_sgd(inner: optax.GradientTransformation, *, sync_every: int = 50,

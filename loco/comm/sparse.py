@@ -1,0 +1,180 @@
+"""Compressed collectives: the sparse all-gather mean and the compressed all-reduce mean.
+
+Each transform takes a `loco.compress.Compressor` (error feedback, top-k, quantizers,
+compositions) and runs it itself, because the collective needs what only the
+compressor knows: the exact payload of this worker's message (for the bytes) and
+which coordinates it sent (for the per-coordinate average). So a compressor goes
+*inside* the communication link, not before it in a chain:
+
+  chain(sparse_all_gather_mean(error_feedback(then(topk_chunks(), binned()), 0.95)),
+        sgd(1.0))
+
+Like `all_reduce_mean`, these run inside the engine's per-worker map and only use
+named-axis collectives (`lax.psum`). Values are decoded and reduced in float32; the
+reduction is simulated on the dense decoded trees, which is exact: summing what each
+worker's receivers decode is what the real all-gather-then-scatter-add computes.
+"""
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from loco import compress
+from loco.comm.core import CommState, WORKERS, WorkerContext, _alive, empty_comm_state
+from loco.errors import ConfigError
+
+PyTree = Any
+
+DIVIDE = ('contributors', 'workers')
+
+
+class CompressedCommState(NamedTuple):
+  """A compressed collective's state: bytes on the wire, and its compressor's state."""
+  comm: CommState
+  compressor: PyTree
+
+
+def _compressor_or_identity(compressor):
+  if compressor is None:
+    return compress.identity()
+  if not isinstance(compressor, compress.Compressor):
+    raise ConfigError('a compressed collective needs a loco.compress Compressor or None, '
+                      f'got {type(compressor).__name__}.')
+  return compressor
+
+
+def _init(compressor):
+  def init(params):
+    return CompressedCommState(empty_comm_state(), compressor.init(params))
+  return init
+
+
+def sparse_all_gather_mean(
+    compressor: compress.Compressor | None = None, *, divide: str = 'contributors',
+    axis_name: str = WORKERS) -> optax.GradientTransformationExtraArgs:
+  """All-gathers every worker's compressed message and averages the decoded values.
+
+  Each alive worker encodes its updates with `compressor` and sends its message
+  (indices, values, scales, codebooks) to every other worker; each worker decodes all
+  messages and averages them per coordinate, in float32:
+    - divide='contributors' (default): `sum_j decoded_j / max(1, #workers that sent
+      this coordinate)`, the SparseLoCo reference code's scatter-reduce "mean";
+    - divide='workers': `sum_j decoded_j / #alive workers`, the write-ups'
+      `(1/R) sum_r Q(TopK(e_r))`.
+  The two agree when every worker sends every coordinate (dense codecs). The default
+  follows the reference code, which produced the paper's results (REFERENCES §6.1):
+  at 1-3% density the workers' selections overlap little, so dividing by all workers
+  would shrink most coordinates' step by up to M while error feedback has already
+  removed them from the senders' residuals; dividing by the contributors applies each
+  sent value at full size, like a dense mean of workers that agree.
+
+  Workers not alive this tick send and receive nothing and are left out of the
+  average, but adopt its result. Bytes (DESIGN §5): an all-gather sends this worker's
+  payload `S_i = bits_i / 8` and receives `sum_{j != i} S_j` (alive j only).
+
+  Args:
+    compressor: the compressor each worker applies (None: dense, at the updates'
+      dtype).
+    divide: 'contributors' or 'workers', the per-coordinate denominator.
+    axis_name: the worker axis name.
+
+  Returns:
+    An optax transformation whose state is a `CompressedCommState`.
+
+  References:
+    SparseLoCo, arXiv 2508.15706; DeMo, arXiv 2411.19870 (all-gather of top-k).
+  """
+  if divide not in DIVIDE:
+    raise ConfigError(f'algorithm.aggregation must be one of {DIVIDE}, got {divide!r}.')
+  compressor = _compressor_or_identity(compressor)
+
+  def update(updates, state, params=None, *, context: WorkerContext | None = None,
+             **extra):
+    del params, extra
+    alive = _alive(context)
+    weight = alive.astype(jnp.float32)
+    message, inner = compressor.encode(updates, state.compressor, context=context)
+    summed = jax.lax.psum(
+        jax.tree.map(lambda d: d.astype(jnp.float32) * weight, message.decoded),
+        axis_name)
+    alive_count = jax.lax.psum(weight, axis_name)
+    if divide == 'workers' or message.mask is None:
+      count = jax.tree.map(lambda _: alive_count, summed)
+    else:
+      count = jax.lax.psum(
+          jax.tree.map(lambda m: m.astype(jnp.float32) * weight, message.mask),
+          axis_name)
+    mean = jax.tree.map(lambda s, c, u: (s / jnp.maximum(c, 1.0)).astype(u.dtype),
+                        summed, count, updates)
+    sent = jnp.asarray(message.bits, jnp.float32) / 8.0 * weight
+    received = jax.lax.psum(sent, axis_name) - sent
+    received = jnp.where(alive, received, 0.0)
+    events = (alive & (alive_count > 1)).astype(jnp.int32)
+    return mean, CompressedCommState(CommState(sent, received, events), inner)
+
+  return optax.GradientTransformationExtraArgs(_init(compressor), update)
+
+
+def compressed_all_reduce_mean(
+    compressor: compress.Compressor, *, requantize: bool = True,
+    axis_name: str = WORKERS) -> optax.GradientTransformationExtraArgs:
+  """An all-reduce mean whose values travel compressed and are reduced in float32.
+
+  As low-bit all-reduces are built (torchft's quantized all-reduce): each worker
+  encodes its updates, the shards go to their owners (a reduce-scatter done as an
+  all-to-all), the owners decode and sum in float32, re-encode the mean with the same
+  codec, and all-gather it. The numbers: `mean_j decoded_j` over alive workers, then,
+  with `requantize`, the decoded re-encoding of that mean (a fresh compressor state,
+  so error feedback does not apply to the second pass). Bytes: a ring-like
+  reduce-scatter + all-gather of a payload of S bytes sends and receives
+  `2 (m - 1) / m * S` per worker, S this worker's encoded size (one scale per
+  tensor: per-shard scales would add a few bytes per worker).
+
+  For dense codecs (quantizers); sparse messages need `sparse_all_gather_mean`.
+
+  Args:
+    compressor: a dense codec (kind 'quantizer'), optionally inside error_feedback.
+    requantize: re-encode the reduced mean for the all-gather phase (True), or send
+      it at full precision (False; the bytes are counted compressed either way).
+    axis_name: the worker axis name.
+
+  Returns:
+    An optax transformation whose state is a `CompressedCommState`.
+
+  References:
+    Streaming DiLoCo, arXiv 2501.18512 (quantized outer gradients, FP32 reduction).
+  """
+  compressor = _compressor_or_identity(compressor)
+  sparse_error = ConfigError('compressed_all_reduce_mean takes dense codecs; use '
+                             'sparse_all_gather_mean for sparsifiers.')
+  if compressor.kind == 'sparsifier':
+    raise sparse_error
+
+  def update(updates, state, params=None, *, context: WorkerContext | None = None,
+             **extra):
+    del params, extra
+    alive = _alive(context)
+    weight = alive.astype(jnp.float32)
+    message, inner = compressor.encode(updates, state.compressor, context=context)
+    if message.mask is not None:   # e.g. error feedback around a sparsifier
+      raise sparse_error
+    participants = jax.lax.psum(weight, axis_name)
+    summed = jax.lax.psum(
+        jax.tree.map(lambda d: d.astype(jnp.float32) * weight, message.decoded),
+        axis_name)
+    mean = jax.tree.map(lambda s: s / jnp.maximum(participants, 1.0), summed)
+    if requantize:
+      # The shard owners re-encode the mean; every worker receives it, alive or not.
+      shared = None if context is None else context._replace(alive=None)
+      second, _ = compressor.encode(mean, compressor.init(mean), context=shared)
+      mean = second.decoded
+    mean = jax.tree.map(lambda m, u: m.astype(u.dtype), mean, updates)
+    size = jnp.asarray(message.bits, jnp.float32) / 8.0
+    per_worker = 2.0 * (participants - 1.0) / jnp.maximum(participants, 1.0) * size
+    per_worker = jnp.where(alive, per_worker, 0.0).astype(jnp.float32)
+    events = (alive & (participants > 1)).astype(jnp.int32)
+    return mean, CompressedCommState(CommState(per_worker, per_worker, events), inner)
+
+  return optax.GradientTransformationExtraArgs(_init(compressor), update)
