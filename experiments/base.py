@@ -94,6 +94,10 @@ def get_config() -> config_dict.ConfigDict:
   c.checkpoint.every = 100          # steps between checkpoints (multiple of log_every); 0: only at the end
   c.checkpoint.keep = 2             # checkpoints kept
 
+  # How per-worker gradients are computed: vmap (one batched computation), map (one
+  # worker after another; cache-friendly, faster on CPU), auto (map on CPU without a mesh).
+  c.grad_mode = 'auto'
+
   c.mesh = config_dict.ConfigDict()
   c.mesh.workers = 1                # devices the worker axis is sharded over; 1: vmap on one device
   return c

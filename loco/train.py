@@ -46,6 +46,7 @@ class RunConfig:
   checkpoint_every: int
   checkpoint_keep: int
   mesh_workers: int
+  grad_mode: str
   progress: bool
 
   def __post_init__(self):
@@ -53,6 +54,9 @@ class RunConfig:
                 'eval_batches', 'eval_batch_size', 'mesh_workers'):
       if getattr(self, key) < 1:
         raise ConfigError(f'{_config_key(key)} must be >= 1, got {getattr(self, key)}.')
+    if self.grad_mode not in workers.GRAD_MODES:
+      raise ConfigError(f'grad_mode must be one of {workers.GRAD_MODES}, got '
+                        f'{self.grad_mode!r}.')
     for key in ('eval_every', 'checkpoint_every'):
       value = getattr(self, key)
       if value < 0 or value % self.log_every:
@@ -91,7 +95,7 @@ def parse_config(config: ml_collections.ConfigDict) -> Experiment:
       eval_every=c.eval.every, eval_batches=c.eval.batches,
       eval_batch_size=c.eval.batch_size, eval_per_worker=c.eval.per_worker,
       checkpoint_every=c.checkpoint.every, checkpoint_keep=c.checkpoint.keep,
-      mesh_workers=c.mesh.workers, progress=c.progress)
+      mesh_workers=c.mesh.workers, grad_mode=c.grad_mode, progress=c.progress)
   data = data_lib.DataConfig(**c.data)
   model_overrides = _set(c.model)
   preset = model_overrides.pop('preset')
@@ -117,11 +121,12 @@ def build_algorithm(exp: Experiment, mesh=None) -> Algorithm:
   return algorithms.make(exp.algorithm_name, inner, mesh=mesh, **exp.algorithm_kwargs)
 
 
-def make_train_chunk(algorithm: Algorithm, model_cfg, graphdef, mesh=None):
-  """A jitted function scanning steps of (vmapped value_and_grad -> algorithm.step)."""
+def make_train_chunk(algorithm: Algorithm, model_cfg, graphdef, mesh=None,
+                     grad_mode: str = 'auto'):
+  """A jitted function scanning steps of (per-worker value_and_grad -> algorithm.step)."""
   loss_and_grad = jax.value_and_grad(
       functools.partial(model_lib.loss_fn, model_cfg, graphdef), has_aux=True)
-  per_worker = workers.vmap(loss_and_grad, mesh=mesh)
+  per_worker = workers.map_workers(loss_and_grad, grad_mode, mesh)
 
   def train_chunk(state: LocoState, batches_KxMxBxL: jax.Array):
     def body(state, batch_MxBxL):
@@ -212,7 +217,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     counters = _Counters(host_state)
   _write_config_json(workdir, config, exp)
 
-  train_chunk = make_train_chunk(algorithm, exp.model, graphdef, mesh)
+  train_chunk = make_train_chunk(algorithm, exp.model, graphdef, mesh, r.grad_mode)
   evaluate = make_evaluator(exp.model, graphdef, r.eval_per_worker)
   check_finite = jax.jit(_all_finite)
   writer = MetricsWriter(workdir, resume_step=start)

@@ -31,6 +31,26 @@ def vmap(fn: Callable, in_axes=0, out_axes=0, mesh: Mesh | None = None) -> Calla
                   spmd_axis_name=WORKERS if mesh is not None else None)
 
 
+GRAD_MODES = ('auto', 'vmap', 'map')
+
+
+def map_workers(fn: Callable, mode: str = 'auto', mesh: Mesh | None = None) -> Callable:
+  """Maps a communication-free per-worker `fn` (a gradient) over stacked arguments.
+
+  'vmap' batches the workers into one computation; 'map' runs them one after another
+  (`lax.map`), which keeps each worker's activations cache-sized and is faster on a
+  CPU; 'auto' picks 'map' on a CPU without a mesh and 'vmap' otherwise (a mesh needs
+  vmap's `spmd_axis_name` to shard the workers).
+  """
+  if mode not in GRAD_MODES:
+    raise ConfigError(f'grad_mode must be one of {GRAD_MODES}, got {mode!r}.')
+  if mode == 'auto':
+    mode = 'map' if mesh is None and jax.default_backend() == 'cpu' else 'vmap'
+  if mode == 'vmap':
+    return vmap(fn, mesh=mesh)
+  return lambda *args: jax.lax.map(lambda a: fn(*a), args)
+
+
 def num_workers_of(tree: PyTree) -> int:
   return jax.tree.leaves(tree)[0].shape[0]
 
