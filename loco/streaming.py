@@ -32,18 +32,20 @@ optimizer)` of DiLoCo into a streaming one (arXiv 2501.18512, DESIGN §4):
              spacing H // F, so at most one fragment is in flight and the fragment's
              anchor cannot change before its merge: the merge reads it there, and the
              schedule (a pure function of the step counter) needs no delivery buffer.
-  eager      (arXiv 2502.12996) Each worker does not wait for the average: at the sync
-             it merges at once with a local estimate of the new anchor, built from
-             `Delta_hat_m = Delta_m / M + (1/M) sum_{m' != m} Delta_m'^prev`, its own
-             fresh pseudo-gradient standing in for its share of the average and the
-             others' shares taken from the fragment's previous (arrived) average,
-             `Delta_bar^prev - Delta_m^prev / M` (the paper's formula as recalled in
-             REFERENCES §2). The optimizer runs on the estimate from the committed
-             outer state without keeping its new state. When the true average arrives
-             the estimate is swapped for it: `params_f += (1 - alpha) (anchor_f -
-             theta_hat_m)`, so the tau local steps are kept, re-based on the true
-             anchor; with tau = 0 this is exactly the non-eager merge. It costs three
-             float32 copies of the params per worker (`EagerState`).
+  eager      (arXiv 2502.12996) A worker does not wait for the average: at the sync it
+             merges at once with its own estimate of the new anchor,
+             `params_f <- alpha * params_f + (1 - alpha) * theta_hat_m`, where
+             theta_hat_m is the outer step (from the committed outer state, whose
+             update is then dropped) on `Delta_hat_m = Delta_m / M + (1/M)
+             sum_{m' != m} Delta_m'^prev`: its own fresh pseudo-gradient stands in for
+             its share of the average, and the others' shares come from the fragment's
+             previous, arrived average, `Delta_bar^prev - Delta_m^prev / M` (the
+             formula as recalled in REFERENCES §2; M counts all workers; zero before
+             the first average). When the true average arrives the estimate is swapped
+             for it, `params_f += (1 - alpha) (anchor_f - theta_hat_m)`, so the tau local
+             steps are kept, re-based on the true anchor; with tau = 0 this equals the
+             plain merge up to rounding. It costs three float32 copies of the params
+             per worker (`EagerState`).
 
 Bytes are what the link counts (the quantized payload plus per-tensor scales for the
 compressed all-reduce), for the synced fragment only, on its sync step. `StepInfo`
