@@ -2,15 +2,17 @@
 
 Command:
   python -m loco.main --config=experiments/tiny_gasloc.py --workdir=runs/tiny_gasloc
-Expected: about 10 minutes on 2 CPU cores; same data, model, steps and outer optimizer
-as experiments/tiny_diloco.py, so the two compare at equal tokens: only the all-reduce
-is replaced by gossip with the two ring neighbours (Metropolis weights 1/3). Each sync
-every worker sends 2 x 12.9 MB (its float32 model to each neighbour) where DiLoCo's
-ring all-reduce sends 2 x 7/8 x 12.9 MB; 6 syncs in 300 steps. See the module's
-measured result below.
-Variants: --config.algorithm.topology=matching (one random partner per round, half
-the bytes), --config.algorithm.mix=deltas, --config.algorithm.topology=complete
-(exactly DiLoCo).
+Expected: 10-20 minutes on 2 CPU cores. Same data, model, steps and outer optimizer as
+experiments/tiny_diloco.py, so the two compare at equal tokens: only the all-reduce is
+replaced by gossip with the two ring neighbours (Metropolis weights 1/3). Measured here
+(seed 0): final eval_loss 2.357 nats/token for the worker-averaged model (each worker's
+own: 2.359; worker_spread 0.20), against 2.268 for tiny_diloco; 6 syncs, 154 MB sent per
+worker (2 x 12.9 MB per sync; DiLoCo's ring all-reduce: 135 MB). The first round's
+averaged model equals DiLoCo's (2.762 at step 50): gossip keeps the workers' mean.
+Variants (measured, same seed): --config.algorithm.topology=matching, one random partner
+per sync and half the bytes (77 MB): 2.339 averaged, 2.393 per worker;
+--config.algorithm.outer_momentum=0.9, the paper's: 2.410 (overshoots, as DiLoCo's
+does here); --config.algorithm.topology=complete is tiny_diloco exactly.
 """
 
 from experiments import base

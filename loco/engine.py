@@ -122,7 +122,10 @@ def inner_step(inner: optax.GradientTransformationExtraArgs, params: PyTree,
   # Inactive workers neither step nor communicate in the inner chain.
   params = _where(active, new_params, params)
   inner_state = _where(active, new_inner, inner_state)
-  return (params, inner_state) + comm.wire_bytes(inner_state)
+  sent, received, events = comm.wire_bytes(new_inner)
+  zero = jnp.zeros((), jnp.float32)
+  return (params, inner_state, jnp.where(active, sent, zero),
+          jnp.where(active, received, zero), jnp.where(active, events, 0))
 
 
 def local_updates(

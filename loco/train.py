@@ -199,7 +199,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   key = jax.random.PRNGKey(r.seed)
   params_key, alg_key = jax.random.split(key)
   graphdef, params = model_lib.init_params(exp.model, params_key)
-  state = workers.shard(algorithm.init(params, r.num_workers, alg_key), mesh)
+  state = workers.shard_state(algorithm.init(params, r.num_workers, alg_key), mesh)
 
   train_data = data_lib.make_train_iterator(
       exp.data, num_workers=r.num_workers, batch_per_worker=r.batch_per_worker,
@@ -228,7 +228,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   def next_chunk(step):
     k = min(r.log_every, r.steps - step)
     batches = np.stack([next(train_data) for _ in range(k)])
-    return k, workers.shard(jnp.asarray(batches), mesh), train_data.get_state()
+    return k, workers.shard_steps(jnp.asarray(batches), mesh), train_data.get_state()
 
   def finish_chunk(end_step, k, outputs, t_dispatch):
     """Host-side work for a chunk whose outputs are ready (or about to be)."""

@@ -103,3 +103,21 @@ def shard(tree: PyTree, mesh: Mesh | None) -> PyTree:
   if mesh is None:
     return tree
   return jax.device_put(tree, worker_sharding(mesh, tree))
+
+
+def shard_steps(batches_KxM, mesh: Mesh | None):
+  """Places a [steps, workers, ...] array of batches: the workers axis on the mesh."""
+  if mesh is None:
+    return batches_KxM
+  return jax.device_put(batches_KxM, NamedSharding(mesh, PartitionSpec(None, WORKERS)))
+
+
+def shard_state(state, mesh: Mesh | None):
+  """Places a LocoState: per-worker fields on the workers axis, step and key replicated."""
+  if mesh is None:
+    return state
+  replicated = NamedSharding(mesh, PartitionSpec())
+  stacked = {k: v for k, v in state._asdict().items() if k not in ('step', 'key')}
+  return state._replace(step=jax.device_put(state.step, replicated),
+                        key=jax.device_put(state.key, replicated),
+                        **shard(stacked, mesh))

@@ -22,8 +22,7 @@ def data_dir(tmp_path_factory) -> str:
   return str(tmp_path_factory.mktemp('tfds'))
 
 
-@pytest.fixture
-def nano_config(small_corpus_glob, data_dir):
+def make_nano_config(text_glob: str, data_dir: str):
   """A config that trains the nano model for a few steps in seconds."""
   from experiments import base
   c = base.get_config()
@@ -33,7 +32,7 @@ def nano_config(small_corpus_glob, data_dir):
   c.seq_len = 32
   c.model.preset = 'nano'
   c.data.source = 'text'
-  c.data.text_glob = small_corpus_glob
+  c.data.text_glob = text_glob
   c.data.data_dir = data_dir
   c.optimizer.warmup_steps = 2
   c.log_every = 5
@@ -43,3 +42,8 @@ def nano_config(small_corpus_glob, data_dir):
   c.checkpoint.every = 10
   c.progress = False
   return c
+
+
+@pytest.fixture
+def nano_config(small_corpus_glob, data_dir):
+  return make_nano_config(small_corpus_glob, data_dir)

@@ -189,6 +189,10 @@ def test_inactive_workers_do_not_step():
   grads = {'w': jnp.ones((2, 2))}
   state, _ = alg.step(state, grads, StepContext(active=jnp.array([True, False])))
   np.testing.assert_array_equal(state.params['w'], [[-1.0, -1.0], [0.0, 0.0]])
+  ddp = algorithms.make('ddp', optax.sgd(1.0))
+  _, info = ddp.step(ddp.init(params, 2, jax.random.PRNGKey(0)), grads,
+                     StepContext(active=jnp.array([True, False])))
+  np.testing.assert_array_equal(info.bytes_sent, [8.0, 0.0])   # the idle worker sends nothing
 
 
 def test_bad_input():

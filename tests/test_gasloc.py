@@ -227,8 +227,9 @@ def test_bad_input():
   with pytest.raises(ConfigError, match="'matching' does not fit num_workers=5.*even"):
     algorithms.make('noloco', optax.sgd(0.1)).init({'w': jnp.zeros(3)}, 5,
                                                    jax.random.PRNGKey(0))
-  with pytest.raises(ConfigError, match='algorithm.topology must be one of'):
-    algorithms.make('gasloc', optax.sgd(0.1), topology='star')
+  for name in ('gasloc', 'dsgd', 'adpsgd', 'a2cid2', 'noloco'):
+    with pytest.raises(ConfigError, match='algorithm.topology must be one of'):
+      algorithms.make(name, optax.sgd(0.1), topology='star')
   with pytest.raises(ConfigError, match="algorithm.mix must be 'models' or 'deltas'"):
     algorithms.make('gasloc', optax.sgd(0.1), mix='params')
   with pytest.raises(ConfigError, match='algorithm.weights'):

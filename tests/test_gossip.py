@@ -86,7 +86,7 @@ def _graphs(draw):
   return topo
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(_graphs(), st.integers(0, 2**16), st.sampled_from([1.0, 0.5]))
 def test_every_implementation_is_w_and_preserves_the_mean(topo, seed, gamma):
   m = topo.num_workers
@@ -293,7 +293,7 @@ _SHARD_MAP_SCRIPT = textwrap.dedent('''
     alive = jnp.array([1, 1, 0, 1, 1, 1, 0, 1], bool)
     mesh = workers.make_mesh(8, M)
     diffs = {}
-    for name in ('ring', 'matching', 'exponential', 'torus', 'complete'):
+    for name in ('ring', 'matching', 'exponential', 'complete'):
       # 'auto' is 'sparse' except on the complete graph, where it is the all-reduce.
       for impl in ('sparse', 'dense') + (('auto',) if name == 'complete' else ()):
         g = comm.gossip(name, 'models', impl=impl)
@@ -343,6 +343,6 @@ def test_dense_sparse_and_shard_map_agree_on_8_devices():
                           capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
   diffs = json.loads(result.stdout.strip().splitlines()[-1])
-  assert len(diffs) == (5 * 2 + 1) * 2 + 1
+  assert len(diffs) == (4 * 2 + 1) * 2 + 1
   bad = {k: v for k, v in diffs.items() if v > 1e-5}
   assert not bad, f'placements disagree: {bad}'

@@ -19,7 +19,9 @@ import optax
 
 from loco import comm
 from loco import optim
+from loco import topology as topology_lib
 from loco.engine import Algorithm, local_updates
+from loco.errors import ConfigError
 
 PyTree = Any
 
@@ -100,13 +102,23 @@ def a2cid2_exchange(topology: str = 'ring', *, weights: str = 'metropolis',
   eta = 1/(2 sqrt(chi1 chi2)) and alpha~ = sqrt(chi1/chi2)/2, chi1 and chi2 of the
   matching family's edge rates (one exchange per worker per gradient step).
 
+  Args:
+    topology: the graph the matchings are drawn from (name or `Topology`).
+    weights: 'metropolis' or 'uniform' (only the graph matters: pairs average).
+    dtype: transport dtype of the exchanged models.
+    seed: seed of an 'erdos_renyi' graph and of the draws without a tick key.
+    axis_name: the worker axis name.
+
   Returns:
     An optax transformation with extra arg `context`, state `A2CiD2State`.
 
   References:
     Nabli et al., arXiv 2306.08289 (A2CiD2); code AdelNabli/ACiD.
   """
-  wire_dtype = dtype
+  comm.transport_dtype(dtype)   # fail early on a bad dtype
+  if isinstance(topology, str) and topology not in topology_lib.TOPOLOGIES:
+    raise ConfigError(f'algorithm.topology must be one of '
+                      f'{", ".join(topology_lib.TOPOLOGIES)}, got {topology!r}.')
 
   def resolve(num_workers):
     return comm.resolve_topology(topology, num_workers, weights=weights, seed=seed,
@@ -139,7 +151,7 @@ def a2cid2_exchange(topology: str = 'ring', *, weights: str = 'metropolis',
     x, xt = ode(x, xt)
     key = comm.round_key(context, seed, state.count)
     residual, sent = comm.gossip_residual(x, family, context=context, key=key,
-                                          dtype=wire_dtype, axis_name=axis_name)
+                                          dtype=dtype, axis_name=axis_name)
     # A matched pair: x_j - x_i = -2 residual; unmatched and dead workers: 0.
     xt = jax.tree.map(lambda v, r: v - 2.0 * alpha * r, xt, residual)
     x = jax.tree.map(jnp.subtract, x, residual)
