@@ -19,33 +19,52 @@ from absl import logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from loco import train  # noqa: E402
+from loco import algorithms, train  # noqa: E402
 from loco.metrics import read_metrics  # noqa: E402
 
 _SUITE = flags.DEFINE_string('suite', 'engine', 'Which suite of runs (see SUITES).')
 _OUT = flags.DEFINE_string('out', None, 'Directory for the runs and table.md.')
-_STEPS = flags.DEFINE_integer('steps', 400, 'Inner steps per worker for every run.')
+_STEPS = flags.DEFINE_integer('steps', 300, 'Inner steps per worker for every run.')
 
 # Shared by every run of a suite so that tokens are equal: 8 workers x 4 x 128 per step.
-COMMON = {'num_workers': 8, 'batch_per_worker': 4, 'seq_len': 128, 'eval.every': 100,
-          'eval.batches': 16, 'checkpoint.every': 0, 'log_every': 10, 'progress': False}
+COMMON = {'num_workers': 8, 'batch_per_worker': 4, 'seq_len': 128, 'eval.every': 150,
+          'eval.batches': 8, 'checkpoint.every': 150, 'log_every': 10, 'progress': False}
+_CLEAR = {'algorithm.outer_optimizer': None, 'algorithm.outer_lr': None,
+          'algorithm.outer_momentum': None, 'algorithm.sync_every': None}
 
 SUITES = {
     'engine': [
         ('DDP', 'tiny_ddp', {}),
-        ('Local SGD, H=50', 'tiny_diloco', {'algorithm.name': 'local_sgd',
-                                            'algorithm.outer_optimizer': None,
-                                            'algorithm.outer_lr': None,
-                                            'algorithm.outer_momentum': None}),
-        ('DiLoCo, H=50, outer 0.7 / 0.9 (paper)', 'tiny_diloco',
+        ('Local SGD, H=50', 'tiny_diloco', {'algorithm.name': 'local_sgd'}),
+        ('DiLoCo, H=50, outer Nesterov 0.7 / 0.9 (paper)', 'tiny_diloco',
          {'algorithm.outer_lr': 0.7, 'algorithm.outer_momentum': 0.9}),
-        ('DiLoCo, H=50, outer 0.7 / 0.5', 'tiny_diloco',
-         {'algorithm.outer_lr': 0.7, 'algorithm.outer_momentum': 0.5}),
-        ('DiLoCo, H=50, outer 1.0 / 0.5', 'tiny_diloco',
-         {'algorithm.outer_lr': 1.0, 'algorithm.outer_momentum': 0.5}),
-        ('DiLoCo, H=10, outer 0.7 / 0.5', 'tiny_diloco',
-         {'algorithm.sync_every': 10, 'algorithm.outer_lr': 0.7,
-          'algorithm.outer_momentum': 0.5}),
+        ('DiLoCo, H=50, outer Nesterov 0.7 / 0.5', 'tiny_diloco', {}),
+    ],
+    # One step per communication on a ring (a), then H=50 (b); DiLoCo is in 'engine'.
+    'gossip': [
+        ('GASLoC, ring, H=1', 'tiny_gasloc', {'algorithm.sync_every': 1}),
+        ('D-AdamW (dsgd), ring', 'tiny_gasloc', {**_CLEAR, 'algorithm.name': 'dsgd'}),
+        ('AD-PSGD, ring matchings', 'tiny_gasloc', {**_CLEAR, 'algorithm.name': 'adpsgd'}),
+        ('A2CiD2, ring', 'tiny_gasloc', {**_CLEAR, 'algorithm.name': 'a2cid2'}),
+        ('NoLoCo, ring matchings, H=1', 'tiny_gasloc',
+         {**_CLEAR, 'algorithm.name': 'noloco', 'algorithm.sync_every': 1}),
+        ('GASLoC, ring, H=50', 'tiny_gasloc', {}),
+        ('GASLoC, random matching, H=50', 'tiny_gasloc', {'algorithm.topology': 'matching'}),
+    ],
+    'sparseloco': [
+        ('SparseLoCo, H=15, top-64/4096 (1.6%), 2-bit', 'tiny_sparseloco', {'algorithm.topk': 64}),
+        ('SparseLoCo, H=15, top-128/4096 (3.1%), 2-bit', 'tiny_sparseloco',
+         {'algorithm.topk': 128}),
+        ('DiLoCo, H=50, 4-bit (E3M0) pseudo-gradients', 'tiny_diloco',
+         {'algorithm.compression': 'e3m0'}),
+    ],
+    'streaming': [
+        ('Streaming DiLoCo, tau=1, E3M0', 'tiny_streaming', {}),
+        ('Streaming DiLoCo, tau=5, E3M0', 'tiny_streaming', {'algorithm.overlap_steps': 5}),
+        ('Streaming DiLoCo, tau=1, float32', 'tiny_streaming',
+         {'algorithm.compression': 'none'}),
+        ('Streaming DiLoCo, tau=5, float32', 'tiny_streaming',
+         {'algorithm.overlap_steps': 5, 'algorithm.compression': 'none'}),
     ],
 }
 
@@ -59,6 +78,11 @@ def _load(config_name: str, overrides: dict, steps: int):
     for part in path:
       node = node[part]
     node[leaf] = value
+  # A row that switches algorithm keeps only the keys the new one takes.
+  taken = set(algorithms.keys_of(config.algorithm.name)) | {'name'}
+  for key in config.algorithm.keys():
+    if key not in taken:
+      config.algorithm[key] = None
   return config
 
 
