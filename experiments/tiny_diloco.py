@@ -2,6 +2,7 @@
 
 Command:
   python -m loco.main --config=experiments/tiny_diloco.py --workdir=runs/tiny_diloco
+  python -m loco.main --config=experiments/tiny_diloco.py:local_sgd --workdir=runs/tiny_local_sgd
 Expected: about 10 minutes on 2 CPU cores. See WORKSPACE.md (DDP vs DiLoCo vs Local
 SGD) for the measured eval loss and bytes; outer lr and momentum here are tuned for
 short from-scratch runs (the paper's 0.7 / 0.9 overshoot at this scale).
@@ -9,8 +10,11 @@ short from-scratch runs (the paper's 0.7 / 0.9 overshoot at this scale).
 
 from experiments import base
 
+VARIANTS = ('diloco', 'local_sgd')
 
-def get_config():
+
+def get_config(arg: str = 'diloco'):
+  """`arg` 'local_sgd' gives Local SGD (outer SGD lr 1) on the same run."""
   c = base.get_config()
   c.num_workers = 8
   c.steps = 300
@@ -21,6 +25,11 @@ def get_config():
   c.algorithm.outer_optimizer = 'nesterov'
   c.algorithm.outer_lr = 0.7
   c.algorithm.outer_momentum = 0.5
+  if arg == 'local_sgd':
+    c.algorithm.name = 'local_sgd'
+    c.algorithm.outer_optimizer = c.algorithm.outer_lr = c.algorithm.outer_momentum = None
+  elif arg != 'diloco':
+    raise ValueError(f"tiny_diloco.py takes 'diloco' or 'local_sgd' after ':', got {arg!r}.")
   c.eval.every = 50
   c.checkpoint.every = 100
   return c

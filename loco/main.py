@@ -49,7 +49,9 @@ def _parse_flags(argv):
     return flags.FLAGS(argv)
   except Exception as e:  # config_flags raises KeyError/TypeError/ValueError for overrides
     message = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
-    message = ' '.join(line.strip() for line in message.splitlines() if line.strip())
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    # A config file that raised: keep its own exception line, not the traceback.
+    message = lines[-1] if 'Traceback' in message else ' '.join(lines)
     if isinstance(e, KeyError):
       message = f'unknown config key {message}'
     print(f'loco: error: {message}', file=sys.stderr)

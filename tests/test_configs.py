@@ -17,22 +17,31 @@ from loco import model as model_lib
 from loco import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIGS = sorted(os.path.splitext(os.path.basename(p))[0]
-                 for p in glob.glob(os.path.join(REPO, 'experiments', '*.py'))
-                 if not os.path.basename(p).startswith(('base', '__')))
+FILES = sorted(os.path.splitext(os.path.basename(p))[0]
+               for p in glob.glob(os.path.join(REPO, 'experiments', '*.py'))
+               if not os.path.basename(p).startswith(('base', '__')))
+# A file with VARIANTS takes one after ':' on the command line (--config=FILE.py:VARIANT).
+CONFIGS = [f'{name}:{v}' if v else name for name in FILES
+           for v in getattr(importlib.import_module(f'experiments.{name}'), 'VARIANTS', [None])]
+
+
+def _get_config(name: str):
+  module_name, _, variant = name.partition(':')
+  module = importlib.import_module(f'experiments.{module_name}')
+  return module, (module.get_config(variant) if variant else module.get_config())
 
 
 def test_there_are_configs():
-  assert {'tiny_ddp', 'c4_ddp', 'tiny_diloco', 'c4_diloco'} <= set(CONFIGS)
+  assert {'tiny_ddp', 'c4_ddp', 'tiny_diloco:diloco', 'c4_diloco', 'tiny_gasloc',
+          'c4_gasloc', 'tiny_gossip:noloco'} <= set(CONFIGS)
 
 
 @pytest.mark.parametrize('name', CONFIGS)
 def test_config_initialises_abstractly(name):
-  module = importlib.import_module(f'experiments.{name}')
+  module, config = _get_config(name)
   assert module.__doc__ and 'python -m loco.main' in module.__doc__, (
       'a config file documents its command, runtime and expected result')
-  config = _with_user_paths(module.get_config())
-  exp = train.parse_config(config)
+  exp = train.parse_config(_with_user_paths(config))
   algorithm = train.build_algorithm(exp)
   key = jax.random.PRNGKey(0)
   params = jax.eval_shape(lambda k: model_lib.init_params(exp.model, k)[1], key)
@@ -49,15 +58,14 @@ def _with_user_paths(config):
   return config
 
 
-TFDS_CONFIGS = [n for n in CONFIGS
-                if importlib.import_module(f'experiments.{n}').get_config().data.source == 'tfds']
+TFDS_CONFIGS = [n for n in CONFIGS if _get_config(n)[1].data.source == 'tfds']
 
 
 @pytest.mark.parametrize('name', TFDS_CONFIGS)
 def test_tfds_config_reads_mock_data(name):
   import tensorflow_datasets as tfds
   import tensorflow_datasets.text.c4  # noqa: F401  (registers the C4 builder for mocking)
-  config = _with_user_paths(importlib.import_module(f'experiments.{name}').get_config())
+  config = _with_user_paths(_get_config(name)[1])
   exp = train.parse_config(config)
   # The real SentencePiece model is not shipped; bytes keep the pipeline testable.
   data_cfg = dataclasses.replace(exp.data, tokenizer='bytes', sp_model='')
