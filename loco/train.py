@@ -199,7 +199,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   key = jax.random.PRNGKey(r.seed)
   params_key, alg_key = jax.random.split(key)
   graphdef, params = model_lib.init_params(exp.model, params_key)
-  state = workers.shard_state(algorithm.init(params, r.num_workers, alg_key), mesh)
+  state = algorithm.init(params, r.num_workers, alg_key)
+  # The chunk donates the state: give every leaf its own buffer, since an init may
+  # legitimately alias (an anchor or an auxiliary variable equal to the params).
+  state = workers.shard_state(jax.tree.map(jnp.copy, state), mesh)
 
   train_data = data_lib.make_train_iterator(
       exp.data, num_workers=r.num_workers, batch_per_worker=r.batch_per_worker,
