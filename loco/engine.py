@@ -201,7 +201,7 @@ def local_updates(
 
   def step(state: LocoState, grads: PyTree,
            ctx: StepContext | None = None) -> tuple[LocoState, StepInfo]:
-    num_workers = jax.tree.leaves(state.params)[0].shape[0]
+    num_workers = workers.num_workers_of(state.params)
     active, alive, mixing, sync, ctx_key = per_worker_context(ctx, num_workers)
     key, step_key = jax.random.split(state.key)
     if ctx_key is not None:

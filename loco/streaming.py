@@ -471,7 +471,7 @@ def streaming(
     if ctx is not None and ctx.sync is not None:
       raise ConfigError('Streaming DiLoCo follows its own fragment schedule; '
                         'StepContext.sync is not supported.')
-    num_workers = jax.tree.leaves(state.params)[0].shape[0]
+    num_workers = workers.num_workers_of(state.params)
     active, alive, mixing, _, ctx_key = engine.per_worker_context(ctx, num_workers)
     key, step_key = jax.random.split(state.key)
     if ctx_key is not None:
