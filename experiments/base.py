@@ -81,6 +81,33 @@ def get_config() -> config_dict.ConfigDict:
   c.algorithm.merge_alpha = placeholder(float)     # Streaming: alpha, weight of local params in the merge
   c.algorithm.eager = placeholder(bool)            # Streaming: eager updates (arXiv 2502.12996)
 
+  # The simulated network (loco/network.py): set profile to get sim_seconds,
+  # utilization and idle time; None fields take the profile's defaults.
+  c.network = config_dict.ConfigDict()
+  c.network.profile = placeholder(str)   # None: no clock | datacenter | multi_region | lognormal
+  #                                        | slow_links | stragglers | churn | custom
+  c.network.mode = placeholder(str)      # sync | async (gasloc, noloco: replayed pairwise gossip)
+  c.network.local_work = placeholder(str)  # async: steps (H each) | time (H_i from each speed)
+  c.network.step_seconds = placeholder(float)  # seconds per inner step; None: FLOPs / (device_flops x mfu)
+  c.network.device_flops = placeholder(float)  # a worker's peak FLOP/s (100e12)
+  c.network.mfu = placeholder(float)           # fraction of the peak a step reaches (0.4)
+  c.network.speeds = placeholder(list)         # per-worker relative compute speeds (1: nominal)
+  c.network.bandwidth = placeholder(float)     # bytes/s of every link (inside a region): 12.5e9
+  c.network.latency = placeholder(float)       # seconds per hop (1e-4)
+  c.network.regions = placeholder(int)         # multi_region: regions (contiguous worker blocks)
+  c.network.inter_bandwidth = placeholder(float)  # multi_region: bytes/s between regions
+  c.network.inter_latency = placeholder(float)    # multi_region: seconds between regions
+  c.network.sigma = placeholder(float)         # lognormal: std of log link bandwidth
+  c.network.slow_workers = placeholder(int)    # slow_links: workers whose links are slow
+  c.network.slow_factor = placeholder(float)   # slow_links: how many times slower
+  c.network.bandwidth_matrix = placeholder(list)  # custom: [M][M] bytes/s
+  c.network.latency_matrix = placeholder(list)    # custom: [M][M] seconds
+  c.network.straggler_fraction = placeholder(float)  # fraction of workers computing slower
+  c.network.straggler_factor = placeholder(float)    # ... this many times slower
+  c.network.churn = placeholder(list)          # [[worker, leave_step, rejoin_step], ...]
+  c.network.dropout = placeholder(float)       # probability a worker drops out of a round
+  c.network.seed = placeholder(int)            # random links, stragglers, dropout, async peers
+
   c.eval = config_dict.ConfigDict()
   c.eval.every = 100                # steps between evaluations (multiple of log_every)
   c.eval.batches = 8                # validation batches per evaluation

@@ -35,7 +35,8 @@ class StepContext(NamedTuple):
       are left out of averages and adopt what the others agreed on.
     mixing: [M, M] mixing matrix of this tick, overriding a gossip topology.
     sync: bool scalar, whether the outer step happens this tick (overrides the
-      every-H-steps schedule; used by the asynchronous replay).
+      every-H-steps schedule), or [M] bool, which workers take an outer step this tick
+      (the asynchronous replay: only the workers of this tick's exchanges).
     key: a PRNG key for this tick (random matchings, stochastic rounding).
   """
   active: jax.Array | None = None
@@ -208,14 +209,17 @@ def local_updates(
       step_key = ctx_key
     do_sync = (state.step + 1) % sync_every == 0 if sync is None else sync
     do_sync = jnp.asarray(do_sync, bool)
-    outs = vmap(worker_step, (0, 0, 0, 0, 0, 0, 0, None, None, None))(
+    # A per-worker sync mask is mapped (the cond becomes a select); a shared one keeps
+    # the cond, so the outer step costs nothing between syncs.
+    sync_axis = 0 if do_sync.ndim else None
+    outs = vmap(worker_step, (0, 0, 0, 0, 0, 0, 0, None, sync_axis, None))(
         state.params, state.inner_state, state.anchor, state.outer_state, grads,
         active, alive, mixing, do_sync, step_key)
     params, inner_state, anchor, outer_state, sent, received, comms = outs
     new_state = state._replace(step=state.step + 1, params=params,
                                inner_state=inner_state, anchor=anchor,
                                outer_state=outer_state, key=key)
-    synced = do_sync if outer is not None else jnp.any(comms > 0)
+    synced = jnp.any(do_sync) if outer is not None else jnp.any(comms > 0)
     return new_state, StepInfo(bytes_sent=sent, bytes_received=received,
                                comms=comms, synced=synced)
 

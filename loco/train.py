@@ -22,7 +22,9 @@ import numpy as np
 from loco import algorithms
 from loco import data as data_lib
 from loco import model as model_lib
+from loco import network as network_lib
 from loco import optim
+from loco import timeline as timeline_lib
 from loco import workers
 from loco.checkpoint import Checkpointer
 from loco.engine import Algorithm, LocoState
@@ -80,6 +82,7 @@ class Experiment:
   inner: optim.InnerConfig
   algorithm_name: str
   algorithm_kwargs: dict[str, Any]
+  network: network_lib.NetworkConfig | None = None
 
 
 def _set(d) -> dict[str, Any]:
@@ -113,7 +116,8 @@ def parse_config(config: ml_collections.ConfigDict) -> Experiment:
   if name not in algorithms.REGISTRY:
     raise ConfigError(f'algorithm.name must be one of {sorted(algorithms.REGISTRY)}, '
                       f'got {name!r}.')
-  return Experiment(run, model, data, inner, name, algorithm_kwargs)
+  network = network_lib.parse_network(c.network.to_dict())
+  return Experiment(run, model, data, inner, name, algorithm_kwargs, network)
 
 
 def build_algorithm(exp: Experiment, mesh=None) -> Algorithm:
@@ -128,12 +132,14 @@ def make_train_chunk(algorithm: Algorithm, model_cfg, graphdef, mesh=None,
       functools.partial(model_lib.loss_fn, model_cfg, graphdef), has_aux=True)
   per_worker = workers.map_workers(loss_and_grad, grad_mode, mesh)
 
-  def train_chunk(state: LocoState, batches_KxMxBxL: jax.Array):
-    def body(state, batch_MxBxL):
+  def train_chunk(state: LocoState, batches_KxMxBxL: jax.Array, contexts=None):
+    """Scans the K steps; `contexts` is None or a StepContext of [K, ...] arrays."""
+    def body(state, xs):
+      batch_MxBxL, ctx = xs
       (_, aux), grads = per_worker(state.params, batch_MxBxL)
-      state, info = algorithm.step(state, grads)
+      state, info = algorithm.step(state, grads, ctx)
       return state, (aux['ce'], info)
-    return jax.lax.scan(body, state, batches_KxMxBxL)
+    return jax.lax.scan(body, state, (batches_KxMxBxL, contexts))
 
   return jax.jit(train_chunk, donate_argnums=0)
 
@@ -168,6 +174,7 @@ class _Counters:
 
   def __init__(self, d: dict | None = None):
     d = d or {}
+    self.timeline = d.get('timeline', {})
     self.tokens = int(d.get('tokens', 0))
     self.bytes_sent = float(d.get('bytes_sent', 0.0))
     self.bytes_received = float(d.get('bytes_received', 0.0))
@@ -176,7 +183,7 @@ class _Counters:
 
   def add(self, info, tokens: int) -> None:
     sent = np.asarray(info.bytes_sent, np.float64)        # [K, M]
-    self.tokens += tokens
+    self.tokens += int(tokens)
     self.bytes_sent += float(sent.mean(axis=1).sum())
     self.bytes_received += float(np.asarray(info.bytes_received, np.float64).mean(1).sum())
     self.peak_bytes = max(self.peak_bytes, float(sent.max()))
@@ -185,7 +192,7 @@ class _Counters:
   def as_dict(self) -> dict:
     return dict(tokens=self.tokens, bytes_sent=self.bytes_sent,
                 bytes_received=self.bytes_received, peak_bytes=self.peak_bytes,
-                syncs=self.syncs)
+                syncs=self.syncs, timeline=self.timeline)
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
@@ -211,6 +218,15 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       exp.data, batch_size=r.eval_batch_size, seq_len=r.seq_len,
       num_batches=r.eval_batches))
 
+  sequence_tokens = r.batch_per_worker * r.seq_len       # one worker's tokens per step
+  timeline = timeline_lib.make_timeline(
+      exp.network, num_workers=r.num_workers, steps=r.steps,
+      algorithm=exp.algorithm_name, algorithm_kwargs=exp.algorithm_kwargs,
+      flops_per_token=model_lib.flops_per_token(exp.model, r.seq_len),
+      tokens_per_step=sequence_tokens, model_bytes=4 * model_lib.param_count(exp.model))
+  # Ticks: inner steps, or the asynchronous replay's ticks.
+  total = timeline.num_ticks if timeline is not None else r.steps
+
   checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'), r.checkpoint_keep)
   counters = _Counters()
   start = checkpointer.latest_step() or 0
@@ -218,20 +234,23 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     state, data_state, host_state = checkpointer.restore(start, state)
     train_data.set_state(data_state)
     counters = _Counters(host_state)
+    if timeline is not None:
+      timeline.load_state_dict(counters.timeline)
   _write_config_json(workdir, config, exp)
 
   train_chunk = make_train_chunk(algorithm, exp.model, graphdef, mesh, r.grad_mode)
   evaluate = make_evaluator(exp.model, graphdef, r.eval_per_worker)
   check_finite = jax.jit(_all_finite)
   writer = MetricsWriter(workdir, resume_step=start)
-  progress = ProgressBar(r.steps, start, enabled=r.progress)
-  tokens_per_step = r.num_workers * r.batch_per_worker * r.seq_len
+  progress = ProgressBar(total, start, enabled=r.progress)
   last: dict[str, Any] = {}
 
   def next_chunk(step):
-    k = min(r.log_every, r.steps - step)
+    k = min(r.log_every, total - step)
     batches = np.stack([next(train_data) for _ in range(k)])
-    return k, workers.shard_steps(jnp.asarray(batches), mesh), train_data.get_state()
+    contexts = None if timeline is None else timeline.contexts(step, k)
+    return (k, workers.shard_steps(jnp.asarray(batches), mesh), contexts,
+            train_data.get_state())
 
   def finish_chunk(end_step, k, outputs, t_dispatch):
     """Host-side work for a chunk whose outputs are ready (or about to be)."""
@@ -244,28 +263,36 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
       kept = f'the last good checkpoint (step {good}) is kept' if good else 'no checkpoint was written yet'
       raise DivergenceError(f'the training loss became {losses[bad - (end_step - k + 1)].mean()} '
                             f'at step {bad}; {kept} in {workdir}.')
-    counters.add(info, k * tokens_per_step)
+    start_step = end_step - k
+    worker_steps = (k * r.num_workers if timeline is None
+                    else timeline.active(start_step, k).sum())
+    counters.add(info, worker_steps * sequence_tokens)
+    clock = dict(sim_seconds=0.0)
+    if timeline is not None:
+      timeline.advance(start_step, info)
+      counters.timeline = timeline.state_dict()
+      clock = timeline.metrics(end_step)
     elapsed = max(time.time() - t_dispatch, 1e-9)
     record = dict(step=end_step, tokens=counters.tokens,
                   train_loss=float(losses[-1].mean()),
                   bytes_sent=counters.bytes_sent, bytes_received=counters.bytes_received,
-                  peak_bytes=counters.peak_bytes, syncs=counters.syncs,
-                  sim_seconds=0.0, tokens_per_second=k * tokens_per_step / elapsed)
+                  peak_bytes=counters.peak_bytes, syncs=counters.syncs, **clock,
+                  tokens_per_second=worker_steps * sequence_tokens / elapsed)
     last = record
     return record
 
   step = start
   pending = None          # (end_step, k, outputs, t_dispatch) of the chunk in flight
   t_prev = time.time()
-  while step < r.steps:
-    k, batches, data_state = next_chunk(step)
-    state, outputs = train_chunk(state, batches)
+  while step < total:
+    k, batches, contexts, data_state = next_chunk(step)
+    state, outputs = train_chunk(state, batches, contexts)
     step += k
     if pending is not None:
       _emit(writer, progress, finish_chunk(*pending))
     pending = (step, k, outputs, t_prev)
-    boundary_eval = r.eval_every and (step % r.eval_every == 0 or step == r.steps)
-    boundary_ckpt = step == r.steps or (r.checkpoint_every and step % r.checkpoint_every == 0)
+    boundary_eval = r.eval_every and (step % r.eval_every == 0 or step == total)
+    boundary_ckpt = step == total or (r.checkpoint_every and step % r.checkpoint_every == 0)
     if boundary_eval or boundary_ckpt:
       record = finish_chunk(*pending)
       pending = None

@@ -33,6 +33,27 @@ REGISTRY: dict[str, Callable[..., Algorithm]] = {
 }
 
 
+# How each algorithm talks, for the network clock (loco/network.py): a ring
+# all-reduce, an all-gather, or gossip over its topology.
+COLLECTIVES: dict[str, str] = {
+    'ddp': 'all_reduce', 'diloco': 'all_reduce', 'local_sgd': 'all_reduce',
+    'streaming_diloco': 'all_reduce', 'sparseloco': 'all_gather', 'gasloc': 'gossip',
+    'dsgd': 'gossip', 'adpsgd': 'gossip', 'a2cid2': 'gossip', 'noloco': 'gossip',
+}
+# Gossip algorithms that draw one random matching per round (comm.pairwise_family).
+PAIRWISE = ('adpsgd', 'a2cid2', 'noloco')
+# Algorithms whose communication is an outer-chain gossip of local_updates: the
+# asynchronous replay (loco/schedule.py) can drive them with per-worker syncs.
+ASYNC = ('gasloc', 'noloco')
+
+
+def settings_of(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+  """The algorithm's keys with their values: `kwargs` over the factory's defaults."""
+  params = inspect.signature(REGISTRY[name]).parameters
+  defaults = {k: params[k].default for k in keys_of(name)}
+  return {**defaults, **kwargs}
+
+
 def keys_of(name: str) -> list[str]:
   """The keyword arguments the algorithm `name` accepts (besides inner and mesh)."""
   params = inspect.signature(REGISTRY[name]).parameters

@@ -1,0 +1,436 @@
+"""The network as data, and the clock that turns a run's communication into seconds.
+
+A `Network` is three arrays (DESIGN §5): each worker's seconds per inner step, and the
+per-link bandwidth (bytes/s) and latency (s) matrices. Named profiles build one from a
+few parameters (`NetworkConfig`): a homogeneous datacenter, several regions (fast
+inside, slow between), log-normal heterogeneous links, slow links (the links of a few
+workers are many times slower), stragglers (a fraction of workers computes slower) and
+churn (workers leave and rejoin); every profile also takes stragglers, churn and
+dropout on top.
+
+Time of one communication, from the bytes a step's `StepInfo` reports:
+
+- ring all-reduce over m participants (the ring follows worker order, as a collective
+  library's ring over ranks): 2 (m - 1) phases; in each every ring link carries one
+  chunk concurrently, so a phase takes its slowest link's latency + chunk / bandwidth
+  (the ring is bound by its slowest link, and latency adds per hop);
+- ring all-gather: m - 1 phases, each link carrying one worker's payload;
+- gossip: each worker exchanges with each peer at once over its own link (full
+  duplex); an exchange starts when both ends are there and takes latency + bytes /
+  bandwidth; a worker goes on when its last exchange is done.
+
+`Clock` replays a synchronous run: compute advances each active worker by its step
+time, a blocking collective starts when its last participant arrives and every
+participant leaves at its end, and an overlapped one (Streaming DiLoCo's tau) only
+stalls the participants that reach its deadline before it is done.
+"""
+
+import dataclasses
+from typing import Any, Sequence
+
+import numpy as np
+
+from loco.errors import ConfigError
+
+PROFILES = ('datacenter', 'multi_region', 'lognormal', 'slow_links', 'stragglers',
+            'churn', 'custom')
+MODES = ('sync', 'async')
+LOCAL_WORK = ('steps', 'time')
+COLLECTIVES = ('all_reduce', 'all_gather', 'gossip')
+
+GBIT = 1e9 / 8   # bytes/s in one Gbit/s
+
+# The parameters each link profile reads (beyond `bandwidth` and `latency`), and the
+# defaults a profile gives the common parameters.
+_LINK_KEYS = {
+    'datacenter': (),
+    'multi_region': ('regions', 'inter_bandwidth', 'inter_latency'),
+    'lognormal': ('sigma',),
+    'slow_links': ('slow_workers', 'slow_factor'),
+    'stragglers': (),
+    'churn': (),
+    'custom': ('bandwidth_matrix', 'latency_matrix'),
+}
+_DEFAULTS = dict(
+    mode='sync', local_work='steps', step_seconds=None, device_flops=100e12, mfu=0.4,
+    speeds=None, bandwidth=100 * GBIT, latency=1e-4, regions=2,
+    inter_bandwidth=1 * GBIT, inter_latency=0.05, sigma=1.0, slow_workers=2,
+    slow_factor=30.0, bandwidth_matrix=None, latency_matrix=None,
+    straggler_fraction=0.0, straggler_factor=1.0, churn=(), dropout=0.0, seed=0)
+_PROFILE_DEFAULTS = {
+    'stragglers': dict(straggler_fraction=0.25, straggler_factor=3.0),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkConfig:
+  """The `network` config section, typed; see experiments/base.py for every key.
+
+  Attributes:
+    profile: one of PROFILES.
+    mode: 'sync' (every algorithm) or 'async' (gossip replayed from `loco.schedule`).
+    local_work: 'steps' (H local steps per round) or 'time' (async: as many local
+      steps as fit in H nominal step times).
+    step_seconds: seconds per inner step at speed 1, or None: from FLOPs.
+    device_flops, mfu: a worker's peak FLOP/s and the fraction of it a step reaches
+      (used when step_seconds is None).
+    speeds: per-worker relative speeds (1 = nominal), or None.
+    bandwidth, latency: every link's bytes/s and seconds (inside a region).
+    regions, inter_bandwidth, inter_latency: multi_region.
+    sigma: lognormal: std of log bandwidth.
+    slow_workers, slow_factor: slow_links: the links of this many workers are this
+      many times slower.
+    bandwidth_matrix, latency_matrix: custom [M, M] matrices.
+    straggler_fraction, straggler_factor: this fraction of workers is this many times
+      slower to compute.
+    churn: (worker, leave_step, rejoin_step) triples: absent in [leave, rejoin).
+    dropout: probability that a worker drops out of a round (its work is discarded;
+      it adopts what the others agreed on).
+    seed: seeds the random profile parts (links, stragglers, dropout, async peers).
+  """
+  profile: str
+  mode: str = 'sync'
+  local_work: str = 'steps'
+  step_seconds: float | None = None
+  device_flops: float = 100e12
+  mfu: float = 0.4
+  speeds: tuple[float, ...] | None = None
+  bandwidth: float = 100 * GBIT
+  latency: float = 1e-4
+  regions: int = 2
+  inter_bandwidth: float = 1 * GBIT
+  inter_latency: float = 0.05
+  sigma: float = 1.0
+  slow_workers: int = 2
+  slow_factor: float = 30.0
+  bandwidth_matrix: Any = None
+  latency_matrix: Any = None
+  straggler_fraction: float = 0.0
+  straggler_factor: float = 1.0
+  churn: tuple[tuple[int, int, int], ...] = ()
+  dropout: float = 0.0
+  seed: int = 0
+
+  def __post_init__(self):
+    if self.mode not in MODES:
+      raise ConfigError(f'network.mode must be one of {MODES}, got {self.mode!r}.')
+    if self.local_work not in LOCAL_WORK:
+      raise ConfigError(f'network.local_work must be one of {LOCAL_WORK}, got '
+                        f'{self.local_work!r}.')
+    for key in ('device_flops', 'mfu', 'bandwidth', 'inter_bandwidth', 'slow_factor',
+                'straggler_factor'):
+      if not getattr(self, key) > 0:
+        raise ConfigError(f'network.{key} must be > 0, got {getattr(self, key)}.')
+    for key in ('latency', 'inter_latency', 'sigma'):
+      if not getattr(self, key) >= 0:
+        raise ConfigError(f'network.{key} must be >= 0, got {getattr(self, key)}.')
+    if self.step_seconds is not None and not self.step_seconds > 0:
+      raise ConfigError(f'network.step_seconds must be > 0, got {self.step_seconds}.')
+    if not 0.0 <= self.straggler_fraction <= 1.0:
+      raise ConfigError('network.straggler_fraction must be in [0, 1], got '
+                        f'{self.straggler_fraction}.')
+    if not 0.0 <= self.dropout < 1.0:
+      raise ConfigError(f'network.dropout must be in [0, 1), got {self.dropout}.')
+    if self.regions < 1:
+      raise ConfigError(f'network.regions must be >= 1, got {self.regions}.')
+
+
+def parse_network(section: dict[str, Any] | None) -> NetworkConfig | None:
+  """`NetworkConfig` from the config's `network` section (None fields: the profile's).
+
+  Returns None when `profile` is unset (no clock). A key set that the profile does not
+  read is an error, so that a typo or a leftover never silently does nothing.
+  """
+  section = {k: v for k, v in (section or {}).items() if v is not None}
+  profile = section.pop('profile', None)
+  if profile is None:
+    if section:
+      raise ConfigError(f'network.{sorted(section)[0]} is set but network.profile is not; '
+                        f'set network.profile to one of {", ".join(PROFILES)}.')
+    return None
+  if profile not in PROFILES:
+    raise ConfigError(f'network.profile must be one of {", ".join(PROFILES)}, got '
+                      f'{profile!r}.')
+  link_keys = {k for keys in _LINK_KEYS.values() for k in keys}
+  for key in section:
+    if key in link_keys and key not in _LINK_KEYS[profile]:
+      raise ConfigError(f'network.{key} is not read by network.profile={profile!r} '
+                        f'(it reads: {", ".join(_LINK_KEYS[profile]) or "no extra keys"}).')
+  values = {**_DEFAULTS, **_PROFILE_DEFAULTS.get(profile, {}), **section}
+  if values['speeds'] is not None:
+    values['speeds'] = tuple(float(s) for s in values['speeds'])
+  values['churn'] = tuple(tuple(int(v) for v in c) for c in values['churn'])
+  if profile == 'churn' and not values['churn']:
+    raise ConfigError("network.profile='churn' needs network.churn: a list of "
+                      '(worker, leave_step, rejoin_step).')
+  if profile == 'custom' and values['bandwidth_matrix'] is None:
+    raise ConfigError("network.profile='custom' needs network.bandwidth_matrix.")
+  return NetworkConfig(profile=profile, **values)
+
+
+@dataclasses.dataclass(frozen=True)
+class Network:
+  """Per-worker step times and per-link bandwidth / latency.
+
+  Attributes:
+    step_seconds: [M] seconds per inner step of each worker.
+    bandwidth: [M, M] bytes/s of the link i -> j (diagonal unused).
+    latency: [M, M] seconds of the link i -> j (diagonal unused).
+  """
+  step_seconds: np.ndarray
+  bandwidth: np.ndarray
+  latency: np.ndarray
+
+  def __post_init__(self):
+    m = np.shape(self.step_seconds)
+    if len(m) != 1 or m[0] < 1:
+      raise ConfigError(f'step_seconds must be a vector of M > 0 workers, got shape {m}.')
+    m = m[0]
+    for name in ('bandwidth', 'latency'):
+      shape = np.shape(getattr(self, name))
+      if shape != (m, m):
+        raise ConfigError(f'the {name} matrix must be {m} x {m} (num_workers), got '
+                          f'shape {shape}.')
+    off = ~np.eye(m, dtype=bool)
+    if not np.all(np.asarray(self.step_seconds) > 0):
+      raise ConfigError('every worker\'s step_seconds must be > 0.')
+    bw = np.asarray(self.bandwidth, float)[off]
+    if not np.all(np.isfinite(bw) & (bw > 0)):
+      raise ConfigError('every link bandwidth must be finite and > 0 bytes/s, got '
+                        f'{bw[~(np.isfinite(bw) & (bw > 0))][0]}.')
+    lat = np.asarray(self.latency, float)[off]
+    if not np.all(np.isfinite(lat) & (lat >= 0)):
+      raise ConfigError('every link latency must be finite and >= 0 seconds.')
+
+  @property
+  def num_workers(self) -> int:
+    return len(self.step_seconds)
+
+  def link_seconds(self, i: int, j: int, nbytes: float) -> float:
+    """Seconds to move `nbytes` over the link i -> j."""
+    return float(self.latency[i, j] + nbytes / self.bandwidth[i, j])
+
+
+def nominal_step_seconds(cfg: NetworkConfig, flops_per_token: float,
+                         tokens_per_step: int) -> float:
+  """A worker's seconds per inner step at speed 1: configured, or FLOPs / (peak x MFU)."""
+  if cfg.step_seconds is not None:
+    return float(cfg.step_seconds)
+  return flops_per_token * tokens_per_step / (cfg.device_flops * cfg.mfu)
+
+
+def make_network(cfg: NetworkConfig, num_workers: int, step_seconds: float) -> Network:
+  """Builds the profile's `Network` for `num_workers` workers at `step_seconds` each."""
+  m = num_workers
+  rng = np.random.default_rng(cfg.seed)
+  bandwidth = np.full((m, m), cfg.bandwidth, float)
+  latency = np.full((m, m), cfg.latency, float)
+  if cfg.profile == 'multi_region':
+    if cfg.regions > m:
+      raise ConfigError(f'network.regions={cfg.regions} is more than num_workers={m}.')
+    region = np.arange(m) * cfg.regions // m          # contiguous blocks of workers
+    across = region[:, None] != region[None, :]
+    bandwidth[across] = cfg.inter_bandwidth
+    latency[across] = cfg.inter_latency
+  elif cfg.profile == 'lognormal':
+    noise = rng.normal(0.0, cfg.sigma, (m, m))
+    noise = np.triu(noise, 1) + np.triu(noise, 1).T      # symmetric links
+    bandwidth = bandwidth * np.exp(noise)
+  elif cfg.profile == 'slow_links':
+    if not 0 <= cfg.slow_workers <= m:
+      raise ConfigError(f'network.slow_workers must be in [0, {m}], got {cfg.slow_workers}.')
+    slow = rng.choice(m, cfg.slow_workers, replace=False)
+    touched = np.zeros((m, m), bool)
+    touched[slow, :] = touched[:, slow] = True
+    bandwidth[touched] /= cfg.slow_factor
+  elif cfg.profile == 'custom':
+    bandwidth = np.asarray(cfg.bandwidth_matrix, float)
+    latency = (np.full((m, m), cfg.latency, float) if cfg.latency_matrix is None
+               else np.asarray(cfg.latency_matrix, float))
+  speeds = np.ones(m) if cfg.speeds is None else np.asarray(cfg.speeds, float)
+  if speeds.shape != (m,):
+    raise ConfigError(f'network.speeds must have num_workers={m} entries, got '
+                      f'{speeds.shape[0] if speeds.ndim else speeds}.')
+  if not np.all(speeds > 0):
+    raise ConfigError('network.speeds must all be > 0.')
+  seconds = step_seconds / speeds
+  stragglers = int(round(cfg.straggler_fraction * m))
+  if stragglers:
+    seconds[rng.choice(m, stragglers, replace=False)] *= cfg.straggler_factor
+  for worker, leave, rejoin in cfg.churn:
+    if not 0 <= worker < m or not 0 <= leave < rejoin:
+      raise ConfigError(f'network.churn entry ({worker}, {leave}, {rejoin}) must be '
+                        f'(worker in [0, {m}), leave_step < rejoin_step).')
+  return Network(step_seconds=seconds, bandwidth=bandwidth, latency=latency)
+
+
+# ---------------------------------------------------------------------------
+# Time of one communication.
+
+
+def ring_all_reduce_seconds(net: Network, members: Sequence[int],
+                            sent_per_worker: float) -> float:
+  """A ring all-reduce among `members` (in ring order) of which each sent this many bytes.
+
+  Each worker sends 2 (m - 1) chunks of S / m bytes (S the payload), one per phase,
+  all ring links at once, so the time is 2 (m - 1) x the slowest ring link's
+  latency + chunk / bandwidth.
+  """
+  members = list(members)
+  m = len(members)
+  if m < 2:
+    return 0.0
+  phases = 2 * (m - 1)
+  return phases * _slowest_ring_hop(net, members, sent_per_worker / phases)
+
+
+def ring_all_gather_seconds(net: Network, members: Sequence[int], payload: float) -> float:
+  """A ring all-gather among `members` of one `payload`-byte message per worker."""
+  members = list(members)
+  if len(members) < 2:
+    return 0.0
+  return (len(members) - 1) * _slowest_ring_hop(net, members, payload)
+
+
+def _slowest_ring_hop(net: Network, members: list[int], nbytes: float) -> float:
+  return max(net.link_seconds(a, b, nbytes)
+             for a, b in zip(members, members[1:] + members[:1]))
+
+
+def gossip_finish(net: Network, start: np.ndarray, edges: np.ndarray,
+                  nbytes: np.ndarray) -> np.ndarray:
+  """Per-worker end times of one synchronous gossip round.
+
+  Args:
+    start: [M] time each worker reaches the exchange.
+    edges: [M, M] bool, i exchanges with j (symmetric).
+    nbytes: [M] bytes each worker sends over each of its edges.
+
+  Returns:
+    [M] times: a worker leaves when its slowest exchange is done; an exchange starts
+    when both of its ends are there. Workers without edges leave at `start`.
+  """
+  end = np.array(start, float)
+  for i, j in zip(*np.nonzero(np.triu(edges, 1))):
+    begin = max(start[i], start[j])
+    done = begin + max(net.link_seconds(i, j, nbytes[i]), net.link_seconds(j, i, nbytes[j]))
+    end[i], end[j] = max(end[i], done), max(end[j], done)
+  return end
+
+
+# ---------------------------------------------------------------------------
+# The clock of a synchronous run.
+
+
+@dataclasses.dataclass
+class Clock:
+  """Simulated time of a synchronous run, advanced from each chunk's StepInfo.
+
+  Attributes:
+    net: the network.
+    collective: 'all_reduce', 'all_gather' or 'gossip': how the algorithm talks.
+    edges_fn: for gossip, `edges_fn(round) -> [M, M] bool` of the round's exchanges.
+    now: [M] each worker's clock.
+    compute: [M] each worker's seconds spent computing.
+    pending: overlapped collectives in flight: [steps_left, arrival, members].
+    rounds: communication rounds so far (the gossip round counter).
+  """
+  net: Network
+  collective: str
+  edges_fn: Any = None
+  now: np.ndarray | None = None
+  compute: np.ndarray | None = None
+  pending: list = dataclasses.field(default_factory=list)
+  rounds: int = 0
+
+  def __post_init__(self):
+    if self.collective not in COLLECTIVES:
+      raise ValueError(f'collective must be one of {COLLECTIVES}, got {self.collective!r}.')
+    m = self.net.num_workers
+    self.now = np.zeros(m) if self.now is None else np.asarray(self.now, float)
+    self.compute = np.zeros(m) if self.compute is None else np.asarray(self.compute, float)
+
+  @property
+  def seconds(self) -> float:
+    """Elapsed simulated time: the slowest worker's clock."""
+    return float(self.now.max())
+
+  def step(self, active: np.ndarray, sent: np.ndarray, comms: np.ndarray,
+           overlap_steps: int | None = None) -> None:
+    """Advances the clock by one step (one worker-axis row of StepInfo).
+
+    Args:
+      active: [M] bool, workers that computed this step.
+      sent: [M] bytes each worker sent this step.
+      comms: [M] communication events of each worker this step (> 0: took part).
+      overlap_steps: tau, steps the communication started now may run behind (None
+        or 0: it blocks this step).
+    """
+    work = np.where(active, self.net.step_seconds, 0.0)
+    self.now = self.now + work
+    self.compute = self.compute + work
+    self._deliver()          # what was started tau steps ago is needed now
+    members = np.flatnonzero(np.asarray(comms) > 0)
+    if members.size:
+      self._communicate(members, np.asarray(sent, float), overlap_steps or 0)
+
+  def _communicate(self, members, sent, tau: int) -> None:
+    if self.collective == 'gossip':
+      edges = np.asarray(self.edges_fn(self.rounds), bool)
+      self.rounds += 1
+      inside = np.zeros(len(self.now), bool)
+      inside[members] = True
+      edges = edges & inside[:, None] & inside[None, :]
+      degree = np.maximum(edges.sum(1), 1)
+      self.now = gossip_finish(self.net, self.now, edges, sent / degree)
+      return
+    self.rounds += 1
+    start = self.now[members].max()
+    if self.collective == 'all_reduce':
+      duration = ring_all_reduce_seconds(self.net, members, sent[members].max())
+    else:
+      duration = ring_all_gather_seconds(self.net, members, sent[members].max())
+    if tau > 0:
+      self.pending.append([tau, start + duration, members])
+    else:
+      self.now[members] = start + duration
+      self._wait_for_absent(members)
+
+  def _wait_for_absent(self, members) -> None:
+    # Workers left out of a blocking collective still receive its result.
+    self.now = np.maximum(self.now, self.now[members].max())
+
+  def _deliver(self) -> None:
+    still = []
+    for item in self.pending:
+      item[0] -= 1
+      if item[0] <= 0:
+        self.now[item[2]] = np.maximum(self.now[item[2]], item[1])
+      else:
+        still.append(item)
+    self.pending = still
+
+  def state_dict(self) -> dict:
+    return dict(now=self.now.tolist(), compute=self.compute.tolist(), rounds=self.rounds,
+                pending=[[int(t), float(a), [int(i) for i in mem]]
+                         for t, a, mem in self.pending])
+
+  def load_state_dict(self, d: dict) -> None:
+    self.now = np.asarray(d['now'], float)
+    self.compute = np.asarray(d['compute'], float)
+    self.rounds = int(d['rounds'])
+    self.pending = [[t, a, np.asarray(mem, int)] for t, a, mem in d['pending']]
+
+
+def utilization(compute: np.ndarray, elapsed: float) -> float:
+  """Compute utilization: compute time over elapsed time, averaged over workers."""
+  return float(np.mean(compute) / elapsed) if elapsed > 0 else 1.0
+
+
+def describe(net: Network) -> str:
+  """One line about a network, for the run's start."""
+  off = ~np.eye(net.num_workers, dtype=bool)
+  bw = net.bandwidth[off] / GBIT
+  return (f'network: step {net.step_seconds.min():.3g}-{net.step_seconds.max():.3g} s, '
+          f'links {bw.min():.3g}-{bw.max():.3g} Gbit/s, latency '
+          f'{net.latency[off].min():.3g}-{net.latency[off].max():.3g} s')

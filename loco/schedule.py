@@ -1,0 +1,221 @@
+"""Who steps and who talks at each tick: the host-side schedules a run replays.
+
+The timing of events depends only on the network, never on parameter values (DESIGN
+§5), so it is simulated on the host first and replayed by the jitted engine as ticks
+of `StepContext` arrays:
+
+- `SyncSchedule`: synchronous runs with workers that drop out of rounds at random
+  (their work is discarded; they adopt what the others agreed on) or leave and rejoin
+  (churn: absent workers neither step nor take part; back, they start from the current
+  anchor, which they adopted at every sync while away).
+- `simulate_async`: asynchronous pairwise gossip (GASLoC-style rounds). Each worker
+  computes its local steps at its own speed; when it is done it exchanges with a
+  ready peer (a neighbour in the topology, sampled at random), or waits for one; the
+  exchange takes the link's time, then both go on. The event list is turned into
+  ticks: at each tick every worker with local work left takes one step (`active`), and
+  every exchange whose two workers have done all the work that precedes it happens
+  (`sync` for the pair, a pairwise-averaging `mixing` matrix). Each exchange only
+  depends on its two workers' states, so this order computes exactly what the
+  timed execution would.
+"""
+
+import dataclasses
+import heapq
+
+import numpy as np
+
+from loco.errors import ConfigError
+from loco.network import Network
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncSchedule:
+  """Active / alive masks of a synchronous run with dropout and churn.
+
+  Attributes:
+    num_workers: M.
+    round_steps: steps per round (the algorithm's H; 1 for DDP and per-step gossip):
+      a dropped-out worker is out for one whole round.
+    dropout: probability that a worker drops out of a round (at least one stays).
+    churn: (worker, leave_step, rejoin_step): absent for steps in [leave, rejoin).
+    seed: seeds the dropout draws (one generator per round: resuming is exact).
+  """
+  num_workers: int
+  round_steps: int = 1
+  dropout: float = 0.0
+  churn: tuple[tuple[int, int, int], ...] = ()
+  seed: int = 0
+
+  @property
+  def trivial(self) -> bool:
+    return self.dropout == 0.0 and not self.churn
+
+  def masks(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """(active, alive), each [count, M] bool, for steps start .. start + count - 1."""
+    m = self.num_workers
+    steps = np.arange(start, start + count)
+    present = np.ones((count, m), bool)
+    for worker, leave, rejoin in self.churn:
+      present[(steps >= leave) & (steps < rejoin), worker] = False
+    alive = present.copy()
+    if self.dropout > 0:
+      for t, step in enumerate(steps):
+        alive[t] &= self._round_alive(step // self.round_steps)
+    return present, alive
+
+  def _round_alive(self, round_index: int) -> np.ndarray:
+    rng = np.random.default_rng([self.seed, int(round_index)])
+    keep = rng.random(self.num_workers) >= self.dropout
+    if not keep.any():
+      keep[rng.integers(self.num_workers)] = True
+    return keep
+
+
+@dataclasses.dataclass(frozen=True)
+class AsyncSchedule:
+  """The replay of an asynchronous run, one row per tick.
+
+  Attributes:
+    active: [T, M] bool, workers taking an inner step at each tick.
+    sync: [T, M] bool, workers taking part in an exchange at the end of the tick.
+    mixing: [T, M, M] float32, each tick's mixing matrix (identity outside exchanges).
+    seconds: [T] simulated time by which every event of ticks <= t is done.
+    compute: [T, M] each worker's cumulative compute seconds after tick t.
+    exchanges: (i, j, start, end) of every exchange, in time order.
+  """
+  active: np.ndarray
+  sync: np.ndarray
+  mixing: np.ndarray
+  seconds: np.ndarray
+  compute: np.ndarray
+  exchanges: list
+
+  @property
+  def num_ticks(self) -> int:
+    return len(self.seconds)
+
+
+def local_steps_per_round(net: Network, sync_every: int, local_work: str) -> np.ndarray:
+  """H_i per worker: H ('steps'), or the steps that fit in H mean step times ('time')."""
+  if local_work == 'steps':
+    return np.full(net.num_workers, sync_every)
+  budget = sync_every * float(np.mean(net.step_seconds))
+  return np.maximum(1, np.floor(budget / net.step_seconds + 1e-9)).astype(int)
+
+
+def simulate_async(net: Network, *, steps: int, sync_every: int, peers: np.ndarray,
+                   exchange_bytes: float, local_work: str = 'steps',
+                   seed: int = 0) -> AsyncSchedule:
+  """Simulates asynchronous pairwise gossip rounds and returns their replay.
+
+  Args:
+    net: the network (step times, links).
+    steps: inner steps each worker takes in all (equal tokens per worker).
+    sync_every: H, local steps between a worker's exchanges (see `local_work`).
+    peers: [M, M] bool, who may exchange with whom (the topology's graph).
+    exchange_bytes: bytes each side sends in one exchange.
+    local_work: 'steps' or 'time' (per-worker H_i from its speed).
+    seed: seeds the tie-breaks and the choice among ready peers.
+
+  Returns:
+    The `AsyncSchedule`.
+  """
+  m = net.num_workers
+  peers = np.asarray(peers, bool)
+  if peers.shape != (m, m):
+    raise ConfigError(f'the peer graph must be {m} x {m}, got {peers.shape}.')
+  if steps < 1 or sync_every < 1:
+    raise ConfigError(f'steps and sync_every must be >= 1, got {steps}, {sync_every}.')
+  rng = np.random.default_rng(seed)
+  c = np.asarray(net.step_seconds, float)
+  per_round = local_steps_per_round(net, sync_every, local_work)
+  done = np.zeros(m, int)
+  # Per worker: a list of ('local', n, start) and ('x', exchange index) items.
+  items: list[list[tuple]] = [[] for _ in range(m)]
+  exchanges: list[tuple[int, int, float, float]] = []
+  heap: list[tuple[float, float, int]] = []
+
+  def start_local(i: int, t: float) -> None:
+    n = int(min(per_round[i], steps - done[i]))
+    if n > 0:
+      done[i] += n
+      items[i].append(('local', n, t))
+      heapq.heappush(heap, (t + n * c[i], rng.random(), i))
+
+  for i in range(m):
+    start_local(i, 0.0)
+  waiting: set[int] = set()
+  while heap:
+    t, _, i = heapq.heappop(heap)
+    ready = sorted(j for j in waiting if peers[i, j])
+    if not ready:
+      waiting.add(i)
+      continue
+    j = int(rng.choice(ready))
+    waiting.discard(j)
+    end = t + max(net.link_seconds(i, j, exchange_bytes),
+                  net.link_seconds(j, i, exchange_bytes))
+    for k in (i, j):
+      items[k].append(('x', len(exchanges)))
+    exchanges.append((min(i, j), max(i, j), t, end))
+    start_local(i, end)
+    start_local(j, end)
+  return _replay(items, exchanges, c, m)
+
+
+def _replay(items, exchanges, c, m) -> AsyncSchedule:
+  """Turns per-worker event lists into ticks (see the module docstring)."""
+  pos = [0] * m                  # index of each worker's current item
+  left = [0] * m                 # local steps left in the current item
+  step_in = [0] * m              # steps of the current item already replayed
+  for i in range(m):
+    if items[i] and items[i][0][0] == 'local':
+      left[i] = items[i][0][1]
+  actives, syncs, mixings, seconds, computes = [], [], [], [], []
+  progress = np.zeros(m)         # time by which each worker's replayed work is done
+  compute = np.zeros(m)
+
+  def advance(i):
+    pos[i] += 1
+    step_in[i] = 0
+    left[i] = items[i][pos[i]][1] if pos[i] < len(items[i]) and items[i][pos[i]][0] == 'local' else 0
+
+  def next_exchange(i):
+    if left[i] == 0 and pos[i] < len(items[i]) and items[i][pos[i]][0] == 'x':
+      return items[i][pos[i]][1]
+    return None
+
+  while any(p < len(it) for p, it in zip(pos, items)):
+    active = np.array([left[i] > 0 for i in range(m)])
+    for i in np.flatnonzero(active):
+      _, n, start = items[i][pos[i]]
+      step_in[i] += 1
+      left[i] -= 1
+      progress[i] = start + step_in[i] * c[i]
+      compute[i] += c[i]
+      if left[i] == 0:
+        advance(i)
+    sync = np.zeros(m, bool)
+    mixing = np.eye(m, dtype=np.float32)
+    for i in range(m):
+      e = next_exchange(i)
+      if e is None or sync[i]:
+        continue
+      a, b, _, end = exchanges[e]
+      j = b if i == a else a
+      if next_exchange(j) == e:
+        sync[[a, b]] = True
+        mixing[a, a] = mixing[b, b] = mixing[a, b] = mixing[b, a] = 0.5
+        progress[[a, b]] = end
+    for i in np.flatnonzero(sync):
+      advance(i)
+    if not active.any() and not sync.any():
+      raise RuntimeError('the asynchronous replay made no progress (a schedule bug).')
+    actives.append(active)
+    syncs.append(sync)
+    mixings.append(mixing)
+    seconds.append(progress.max() if not seconds else max(seconds[-1], progress.max()))
+    computes.append(compute.copy())
+  return AsyncSchedule(active=np.array(actives), sync=np.array(syncs),
+                       mixing=np.array(mixings), seconds=np.array(seconds),
+                       compute=np.array(computes), exchanges=exchanges)
