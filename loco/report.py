@@ -1,0 +1,383 @@
+"""Reports: a table of runs and plots of eval loss against steps, tokens, bytes and time.
+
+  python -m loco.report runs/sweeps/main [more sweeps or workdirs] [--out=DIR] [--target=LOSS]
+
+Every directory under the paths with a config.json or a status.json is a run. The
+table has each run's status (finished, incomplete, failed, diverged), final and best
+eval loss, tokens, bytes sent per worker, peak bytes, simulated and wall seconds, and
+the first step / tokens / bytes / simulated seconds at which its eval loss reached the
+target (by default the largest final eval loss among finished runs, so every finished
+run reaches it). It is printed, and written with the plots to OUT/report.md.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from typing import Any, Sequence
+
+from loco.metrics import read_metrics
+
+STATUS = 'status.json'   # written by loco.sweep
+SWEEP = 'sweep.json'
+_DIVERGED = re.compile(r'training loss became|became non-finite')
+
+# (metrics key, file name, axis label) of each plot.
+PLOTS = (('step', 'eval_loss_vs_steps.png', 'inner steps per worker'),
+         ('tokens', 'eval_loss_vs_tokens.png', 'training tokens (all workers)'),
+         ('bytes_sent', 'eval_loss_vs_bytes_sent.png', 'bytes sent per worker'),
+         ('sim_seconds', 'eval_loss_vs_sim_seconds.png', 'simulated seconds'))
+
+
+def is_workdir(path: str) -> bool:
+  return (os.path.isfile(os.path.join(path, 'config.json'))
+          or os.path.isfile(os.path.join(path, STATUS)))
+
+
+def find_workdirs(path: str) -> list[str]:
+  """`path` itself if it is a run's workdir, else every workdir below it, sorted."""
+  if is_workdir(path):
+    return [path]
+  found = []
+  for root, dirs, _ in os.walk(path):
+    dirs.sort()
+    for d in list(dirs):
+      if is_workdir(os.path.join(root, d)):
+        found.append(os.path.join(root, d))
+        dirs.remove(d)   # a workdir's checkpoints/ and tensorboard/ hold no runs
+  return found
+
+
+def _read_json(path: str) -> dict[str, Any] | None:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def _error_line(workdir: str) -> str | None:
+  from loco.sweep import error_line
+  return error_line(os.path.join(workdir, 'log.txt'))
+
+
+def _finite(x) -> bool:
+  return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _names(workdirs: Sequence[str]) -> list[str]:
+  """Paths relative to the workdirs' common parent (a lone workdir: its basename)."""
+  absolute = [os.path.abspath(w) for w in workdirs]
+  if len(absolute) == 1:
+    return [os.path.basename(absolute[0])]
+  parent = os.path.commonpath(absolute)
+  if parent in absolute:
+    parent = os.path.dirname(parent)
+  return [os.path.relpath(w, parent) for w in absolute]
+
+
+def _run(workdir: str, name: str) -> dict[str, Any]:
+  """One run's row, without the time-to-target fields."""
+  config = (_read_json(os.path.join(workdir, 'config.json')) or {}).get('config', {})
+  status = _read_json(os.path.join(workdir, STATUS))
+  try:
+    records = read_metrics(workdir)
+  except (OSError, ValueError):
+    records = []
+  evals = [r for r in records if 'eval_loss' in r]
+  last = records[-1] if records else {}
+  state = (status or {}).get('state')
+  error = (status or {}).get('error') or (None if state else _error_line(workdir))
+  nonfinite = any(not _finite(r.get(k)) for r in records for k in ('train_loss', 'eval_loss')
+                  if k in r)
+  steps = config.get('steps')
+  if nonfinite or (error and _DIVERGED.search(error) and state != 'finished'):
+    result = 'diverged'
+  elif state == 'finished' or (state is None and steps and last.get('step', 0) >= steps):
+    result = 'finished'
+  elif state == 'failed' or (state is None and error and error.startswith('loco: error')):
+    result = 'failed'
+  else:
+    result = 'incomplete'
+  finite_evals = [r['eval_loss'] for r in evals if _finite(r['eval_loss'])]
+  return dict(
+      name=name, workdir=workdir,
+      algorithm=config.get('algorithm', {}).get('name'),
+      status=result, error=error if result != 'finished' else None,
+      command=(status or {}).get('command'),
+      step=last.get('step'), steps=steps,
+      final_eval_loss=evals[-1]['eval_loss'] if evals else None,
+      best_eval_loss=min(finite_evals) if finite_evals else None,
+      tokens=last.get('tokens'), bytes_sent=last.get('bytes_sent'),
+      peak_bytes=last.get('peak_bytes'), sim_seconds=last.get('sim_seconds'),
+      wall_seconds=(status or {}).get('seconds'),
+      _evals=evals)
+
+
+def default_target(rows: Sequence[dict[str, Any]]) -> float | None:
+  """The largest final eval loss among finished runs (None if there is none)."""
+  losses = [r['final_eval_loss'] for r in rows
+            if r['status'] == 'finished' and _finite(r['final_eval_loss'])]
+  return max(losses) if losses else None
+
+
+def summarize(workdirs: Sequence[str], target: float | None = None,
+              names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+  """One dict per workdir: status, losses, tokens, bytes, seconds and time to target.
+
+  Args:
+    workdirs: run directories (see `find_workdirs`).
+    target: the eval loss to reach; None: `default_target` of these runs.
+    names: a name per workdir; default: their paths relative to their common parent.
+
+  Returns:
+    Dicts with keys name, workdir, algorithm, status (finished | incomplete | failed |
+    diverged), error, command, step (last logged), steps (configured),
+    final_eval_loss, best_eval_loss, tokens, bytes_sent, peak_bytes, sim_seconds,
+    wall_seconds (None if unknown), target (the loss used), and target_step,
+    target_tokens, target_bytes, target_sim_seconds: the values at the first eval
+    with eval_loss <= target (None if never reached).
+  """
+  names = list(names) if names is not None else _names(workdirs)
+  rows = [_run(w, n) for w, n in zip(workdirs, names)]
+  if target is None:
+    target = default_target(rows)
+  for row in rows:
+    evals = row.pop('_evals')
+    hit = None
+    if target is not None:
+      hit = next((r for r in evals if _finite(r['eval_loss']) and r['eval_loss'] <= target),
+                 None)
+    at = lambda key: hit.get(key) if hit else None   # noqa: E731
+    row.update(target=target, target_step=at('step'), target_tokens=at('tokens'),
+               target_bytes=at('bytes_sent'), target_sim_seconds=at('sim_seconds'))
+  return rows
+
+
+def plot_runs(workdirs: Sequence[str], out_dir: str, labels: Sequence[str] | None = None,
+              target: float | None = None) -> list[str]:
+  """Plots eval loss against steps, tokens, bytes sent and simulated seconds.
+
+  One line per run; the simulated-seconds plot only if some run has sim_seconds > 0,
+  and bytes on a log axis when every value is positive.
+
+  Args:
+    workdirs: run directories with a metrics.jsonl (others are left out).
+    out_dir: where the PNGs go (created).
+    labels: a legend label per workdir; default: the names `summarize` gives.
+    target: an eval loss drawn as a dashed line, if given.
+
+  Returns:
+    The paths of the PNGs written.
+  """
+  import matplotlib
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt
+
+  labels = list(labels) if labels is not None else _names(workdirs)
+  series = []
+  for workdir, label in zip(workdirs, labels):
+    try:
+      evals = [r for r in read_metrics(workdir)
+               if 'eval_loss' in r and _finite(r['eval_loss'])]
+    except (OSError, ValueError):
+      continue
+    if evals:
+      series.append((label, evals))
+  if not series:
+    return []
+  os.makedirs(out_dir, exist_ok=True)
+  written = []
+  for key, filename, xlabel in PLOTS:
+    values = [r.get(key) or 0 for _, evals in series for r in evals]
+    if key == 'sim_seconds' and not any(v > 0 for v in values):
+      continue
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, evals in series:
+      ax.plot([r.get(key) or 0 for r in evals], [r['eval_loss'] for r in evals],
+              marker='o', markersize=3, label=label)
+    if key == 'bytes_sent' and all(v > 0 for v in values):
+      ax.set_xscale('log')
+    if target is not None:
+      ax.axhline(target, color='gray', linestyle='--', linewidth=1,
+                 label=f'target {target:.4f}')
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel('eval loss (worker-averaged model)')
+    ax.set_title(f'eval loss vs {xlabel}')
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize='small')
+    fig.tight_layout()
+    path = os.path.join(out_dir, filename)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+  return written
+
+
+def _loss(x):
+  return f'{x:.4f}' if isinstance(x, (int, float)) else '—'
+
+
+def _int(x):
+  return f'{x:,.0f}' if _finite(x) else '—'
+
+
+def _bytes(x):
+  if not _finite(x):
+    return '—'
+  for unit, scale in (('GB', 1e9), ('MB', 1e6), ('KB', 1e3)):
+    if abs(x) >= scale:
+      return f'{x / scale:,.2f} {unit}'
+  return f'{x:.0f} B'
+
+
+def _seconds(x):
+  return f'{x:,.1f}' if _finite(x) and x > 0 else '—'
+
+
+# (header, row -> text) of each table column.
+COLUMNS = (
+    ('run', lambda r: r['name']),
+    ('algorithm', lambda r: r['algorithm'] or '—'),
+    ('status', lambda r: r['status']),
+    ('final eval', lambda r: _loss(r['final_eval_loss'])),
+    ('best eval', lambda r: _loss(r['best_eval_loss'])),
+    ('tokens', lambda r: _int(r['tokens'])),
+    ('bytes sent / worker', lambda r: _bytes(r['bytes_sent'])),
+    ('peak bytes / step', lambda r: _bytes(r['peak_bytes'])),
+    ('sim s', lambda r: _seconds(r['sim_seconds'])),
+    ('wall s', lambda r: _int(r['wall_seconds'])),
+    ('target: step', lambda r: _int(r['target_step'])),
+    ('target: tokens', lambda r: _int(r['target_tokens'])),
+    ('target: bytes', lambda r: _bytes(r['target_bytes'])),
+    ('target: sim s', lambda r: _seconds(r['target_sim_seconds'])),
+)
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+  lines = ['| ' + ' | '.join(h for h, _ in COLUMNS) + ' |',
+           '|' + '---|' * len(COLUMNS)]
+  for r in rows:
+    lines.append('| ' + ' | '.join(str(f(r)).replace('|', '\\|') for _, f in COLUMNS) + ' |')
+  return '\n'.join(lines)
+
+
+def text_table(rows: Sequence[dict[str, Any]]) -> str:
+  """The table as plain aligned text (numbers right-aligned)."""
+  cells = [[h for h, _ in COLUMNS]] + [[str(f(r)) for _, f in COLUMNS] for r in rows]
+  widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
+  lines = []
+  for row in cells:
+    parts = [c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
+    lines.append('  '.join(parts).rstrip())
+  return '\n'.join(lines)
+
+
+def _target_line(rows, given: bool) -> str:
+  target = rows[0]['target'] if rows else None
+  if target is None:
+    return 'Target: none (no finished run has an eval loss; pass --target=LOSS).'
+  how = 'given by --target' if given else (
+      'the largest final eval loss among finished runs, so every finished run reaches it')
+  return (f'Target: eval loss <= {target:.4f} ({how}); the target columns are the first '
+          f'eval at which a run reached it.')
+
+
+def _problems(rows) -> list[str]:
+  return [f'`{r["name"]}` ({r["status"]}): '
+          f'{r["error"] or "interrupted or still running; the same command resumes it"}'
+          for r in rows if r['status'] != 'finished']
+
+
+def _collect(paths: Sequence[str]) -> tuple[list[str], list[str], list[dict]]:
+  """(workdirs, names, missing): runs of every path; sweep runs never started."""
+  workdirs, names, missing = [], [], []
+  for path in paths:
+    if not os.path.isdir(path):
+      raise FileNotFoundError(f'{path} is not a directory.')
+    found = find_workdirs(path)
+    if is_workdir(path):
+      prefix_names = [os.path.basename(os.path.abspath(path))]
+    else:
+      prefix = os.path.basename(os.path.abspath(path)) + '/' if len(paths) > 1 else ''
+      prefix_names = [prefix + os.path.relpath(w, path) for w in found]
+      sweep = _read_json(os.path.join(path, SWEEP)) or {}
+      order = [r['name'] for r in sweep.get('runs', [])]
+      rank = {n: i for i, n in enumerate(order)}
+      pairs = sorted(zip(found, prefix_names),
+                     key=lambda p: (rank.get(os.path.relpath(p[0], path), len(order)), p[1]))
+      found, prefix_names = [p[0] for p in pairs], [p[1] for p in pairs]
+      present = {os.path.relpath(w, path) for w in found}
+      missing += [dict(name=prefix + r['name'], command=r.get('command'))
+                  for r in sweep.get('runs', []) if r['name'] not in present]
+    workdirs += found
+    names += prefix_names
+  return workdirs, names, missing
+
+
+def write_report(paths: Sequence[str], out: str | None = None,
+                 target: float | None = None, stream=None) -> str:
+  """Summarizes and plots the runs under `paths`; writes OUT/report.md; returns its path."""
+  stream = stream or sys.stdout
+  workdirs, names, missing = _collect(paths)
+  if out is None:
+    out = paths[0] if not is_workdir(paths[0]) else 'report'
+  rows = summarize(workdirs, target, names)
+  pngs = plot_runs(workdirs, out, names, rows[0]['target'] if rows else target)
+  counts = {}
+  for r in rows:
+    counts[r['status']] = counts.get(r['status'], 0) + 1
+  if missing:
+    counts['not started'] = len(missing)
+  count_line = f'{len(rows) + len(missing)} runs: ' + ', '.join(
+      f'{n} {s}' for s, n in sorted(counts.items()))
+  problems = _problems(rows) + [f'`{m["name"]}` (not started)' for m in missing]
+  lines = [f'# Report: {", ".join(paths)}', '', count_line + '.', '',
+           _target_line(rows, target is not None), '', markdown_table(rows), '',
+           'Bytes are per worker (cumulative); "sim s" is the simulated wall-clock on the '
+           'configured network (— without one); "wall s" is the measured time over all '
+           'attempts (— if unknown).', '', '## Plots', '']
+  if pngs:
+    lines += [f'![{os.path.splitext(os.path.basename(p))[0].replace("_", " ")}]'
+              f'({os.path.relpath(p, out)})' for p in pngs]
+  else:
+    lines.append('No eval loss to plot yet.')
+  lines += ['', '## Failed, diverged, incomplete and unstarted runs', '']
+  lines += [f'- {p}' for p in problems] or ['None.']
+  commands = [(r['name'], r['command']) for r in rows + missing if r.get('command')]
+  if commands:
+    lines += ['', '## Commands', '']
+    lines += [f'- `{n}`: `{" ".join(["python", *c[1:]])}`' for n, c in commands]
+  os.makedirs(out, exist_ok=True)
+  path = os.path.join(out, 'report.md')
+  with open(path, 'w') as f:
+    f.write('\n'.join(lines) + '\n')
+  print(text_table(rows), file=stream)
+  print(count_line + '. ' + _target_line(rows, target is not None), file=stream)
+  for p in problems:
+    print(f'  {p.replace("`", "")}', file=stream)
+  print(f'report: {path}', file=stream, flush=True)
+  return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog='python -m loco.report',
+                                   description=__doc__.split('\n\n')[0])
+  parser.add_argument('paths', nargs='+', metavar='PATH', help='sweep dirs or workdirs')
+  parser.add_argument('--out', help='output directory (default: the first PATH if it is '
+                      'a sweep dir, else ./report)')
+  parser.add_argument('--target', type=float, help='eval loss for the time-to-target '
+                      'columns (default: the largest final eval loss of finished runs)')
+  args = parser.parse_args(argv)
+  try:
+    write_report(args.paths, args.out, args.target)
+  except FileNotFoundError as e:
+    print(f'loco.report: error: {e}', file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

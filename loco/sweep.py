@@ -1,0 +1,509 @@
+"""Sweeps: many `loco.main` runs from one spec file, resumable, with a report at the end.
+
+  python -m loco.sweep launch/sweeps/main.py --out=runs/sweeps/main [--parallel=1]
+
+A spec is a Python file whose `get_sweep()` returns a list of `Run`s, written out one
+by one or built with `grid` (the cartesian product of some config keys):
+
+  from loco.sweep import Run, grid
+
+  def get_sweep():
+    return [Run('ddp', 'experiments/tiny_ddp.py'),
+            Run('local_sgd', 'experiments/tiny_diloco.py:local_sgd'),
+            *grid('experiments/tiny_diloco.py', 'diloco_h{sync_every}_lr{outer_lr}',
+                  **{'algorithm.sync_every': [10, 50], 'algorithm.outer_lr': [0.5, 0.7]})]
+
+Every run is its own process, `python -m loco.main --config=CONFIG --workdir=OUT/NAME
+--config.KEY=VALUE ...` (config paths are relative to the current directory, the
+repository root), with its output in OUT/NAME/log.txt and its state in
+OUT/NAME/status.json: the command, start and end times, the return code, the last
+error line, the attempts and the wall seconds over all attempts. Running the same
+command again skips finished runs, re-launches interrupted ones in their workdir
+(`loco.main` resumes them from their last checkpoint) and leaves failed ones alone
+unless `--retry_failed` is given or their command changed. At the end it prints a
+summary and writes OUT/report.md and plots (`loco.report`).
+
+Runs execute `--parallel` at a time on this machine. On a CPU each run already uses
+every core, so `--parallel=1` is the fastest there; use more on a many-core host.
+"""
+
+import argparse
+import dataclasses
+import datetime
+import fcntl
+import importlib.util
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Iterable, Sequence
+
+STATUS = 'status.json'
+LOG = 'log.txt'
+SWEEP = 'sweep.json'
+_NAME = re.compile(r'^[A-Za-z0-9_.,=+-]+(/[A-Za-z0-9_.,=+-]+)*$')
+
+
+class SweepError(Exception):
+  """A spec or command-line mistake; printed as one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+  """One run of a sweep.
+
+  Attributes:
+    name: its workdir under the sweep's output directory (letters, digits, `_.,=+-`;
+      `/` nests runs in subdirectories).
+    config: a config file, `experiments/x.py` or `experiments/x.py:variant`.
+    overrides: config keys to set, `{'algorithm.sync_every': 50}`, passed to
+      `loco.main` as `--config.algorithm.sync_every=50`.
+  """
+  name: str
+  config: str
+  overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def grid(config: str | Sequence[str], name_format: str,
+         overrides: dict[str, Any] | None = None, **axes: Sequence[Any]) -> list[Run]:
+  """The cartesian product of `axes`, one `Run` per combination.
+
+  Args:
+    config: a config file (`experiments/x.py[:variant]`), or a list of them, which is
+      then the first axis.
+    name_format: a `str.format` pattern for the run names; fields are the last part
+      of each key (`{sync_every}` for `algorithm.sync_every`), `{config}` (the config
+      file's name, `x` or `x-variant`), and positional fields in axis order.
+    overrides: keys set in every run of the grid.
+    **axes: a list of values per config key; dotted keys go through
+      `**{'algorithm.sync_every': [10, 50]}`.
+
+  Returns:
+    The runs, the last axis varying fastest.
+  """
+  configs = [config] if isinstance(config, str) else list(config)
+  for key, values in axes.items():
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+      raise SweepError(f'grid axis {key} must be a list of values, got {values!r}.')
+  leaves = [key.rsplit('.', 1)[-1] for key in axes]
+  runs = []
+  for cfg, values in itertools.product(configs, itertools.product(*axes.values())):
+    fields = dict(zip(leaves, values))
+    fields['config'] = _config_label(cfg)
+    try:
+      name = name_format.format(*values, **fields)
+    except (KeyError, IndexError) as e:
+      raise SweepError(f'grid name_format {name_format!r} uses {e}, which is not one of '
+                       f'{sorted(fields)} or an axis position.') from None
+    runs.append(Run(name, cfg, {**(overrides or {}), **dict(zip(axes, values))}))
+  return runs
+
+
+def _config_label(config: str) -> str:
+  path, _, variant = config.partition(':')
+  stem = os.path.splitext(os.path.basename(path))[0]
+  return f'{stem}-{variant}' if variant else stem
+
+
+def load_spec(path: str) -> list[Run]:
+  """The runs of a spec file (its `get_sweep()`), checked for names and values."""
+  if not os.path.isfile(path):
+    raise SweepError(f'the sweep spec {path} does not exist.')
+  if os.getcwd() not in sys.path:   # specs and configs import experiments.*
+    sys.path.insert(0, os.getcwd())
+  module_spec = importlib.util.spec_from_file_location('_loco_sweep_spec', path)
+  module = importlib.util.module_from_spec(module_spec)
+  try:
+    module_spec.loader.exec_module(module)
+  except Exception as e:  # the spec's own error, as one line
+    raise SweepError(f'the sweep spec {path} raised {type(e).__name__}: {e}') from None
+  if not callable(getattr(module, 'get_sweep', None)):
+    raise SweepError(f'the sweep spec {path} does not define get_sweep().')
+  try:
+    runs = list(module.get_sweep())
+  except SweepError:
+    raise
+  except Exception as e:
+    raise SweepError(f'get_sweep() of {path} raised {type(e).__name__}: {e}') from None
+  check_runs(runs)
+  return runs
+
+
+def check_runs(runs: Sequence[Run]) -> None:
+  """Raises SweepError for a non-Run, a bad or duplicate name, or an unpassable value."""
+  if not runs:
+    raise SweepError('the sweep has no runs.')
+  seen = set()
+  for run in runs:
+    if not isinstance(run, Run):
+      raise SweepError(f'get_sweep() must return loco.sweep.Run objects, got {run!r}.')
+    if not _NAME.match(run.name) or '..' in run.name.split('/'):
+      raise SweepError(f'run name {run.name!r} must be letters, digits and _.,=+- '
+                       f'(with / between nested parts).')
+    if run.name in seen:
+      raise SweepError(f'duplicate run name {run.name!r}: every run needs its own workdir.')
+    seen.add(run.name)
+    for key, value in run.overrides.items():
+      if value is None:
+        raise SweepError(f'run {run.name!r}: {key}=None cannot be passed on the command '
+                         f'line; unset it in a config variant (experiments/x.py:variant).')
+  for run in runs:   # a workdir inside another run's workdir would be found as one run
+    parts = run.name.split('/')
+    for i in range(1, len(parts)):
+      if '/'.join(parts[:i]) in seen:
+        raise SweepError(f'run {run.name!r} is nested inside run {"/".join(parts[:i])!r}.')
+
+
+def parse_sets(sets: Sequence[str]) -> dict[str, str]:
+  """`['steps=20', 'config.eval.every=10']` -> `{'steps': '20', 'eval.every': '10'}`."""
+  out = {}
+  for item in sets:
+    key, eq, value = item.partition('=')
+    if not eq or not key:
+      raise SweepError(f'--set takes KEY=VALUE, got {item!r}.')
+    out[key.removeprefix('config.')] = value
+  return out
+
+
+def _format(value: Any) -> str:
+  return repr(value) if isinstance(value, float) else str(value)
+
+
+def command(run: Run, workdir: str, extra: dict[str, Any] | None = None) -> list[str]:
+  """The `loco.main` command line of `run`; `extra` overrides apply after its own."""
+  overrides = {**run.overrides, **(extra or {})}
+  return [sys.executable, '-m', 'loco.main', f'--config={run.config}',
+          f'--workdir={workdir}'] + [f'--config.{k}={_format(v)}' for k, v in overrides.items()]
+
+
+def load_config(argv: Sequence[str]):
+  """The ConfigDict that `loco.main` would build from `argv` (config file + overrides)."""
+  from absl import flags
+  from ml_collections import config_flags
+  argv = ['loco.main', *argv]
+  values = flags.FlagValues()
+  holder = config_flags.DEFINE_config_file('config', None, '', flag_values=values,
+                                           lock_config=True, sys_argv=argv)
+  flags.DEFINE_string('workdir', None, '', flag_values=values)
+  values(argv)
+  config = holder.value
+  config.keys()
+  return config
+
+
+def read_status(workdir: str) -> dict[str, Any] | None:
+  """A run's status.json, or None if it has none (or it cannot be read)."""
+  try:
+    with open(os.path.join(workdir, STATUS)) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def _write_json(path: str, data: Any) -> None:
+  # Write-then-rename: a kill at any moment leaves the old file or the new one.
+  tmp = f'{path}.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(data, f, indent=1)
+  os.replace(tmp, path)
+
+
+def _now() -> str:
+  return datetime.datetime.now().isoformat(timespec='seconds')
+
+
+def error_line(log_path: str) -> str | None:
+  """The last `loco: error:` line of the latest attempt in a log, else its last line."""
+  try:
+    with open(log_path, errors='replace') as f:
+      lines = [line.rstrip() for line in f]
+  except OSError:
+    return None
+  starts = [i for i, line in enumerate(lines) if line.startswith('==> loco.sweep')]
+  lines = [line for line in lines[starts[-1] + 1 if starts else 0:] if line.strip()]
+  errors = [line for line in lines if line.startswith('loco: error:')]
+  if errors:
+    return errors[-1]
+  return lines[-1].strip() if lines else None
+
+
+def _same_command(a: Sequence[str], b: Sequence[str]) -> bool:
+  return list(a[1:]) == list(b[1:])   # the interpreter path may differ between hosts
+
+
+def _plan(run: Run, cmd: list[str], workdir: str, retry_failed: bool) -> tuple[str, str]:
+  """(action, reason): action is 'skip', 'start' or 'resume'."""
+  status = read_status(workdir)
+  if status is None:
+    return ('resume', 'no status.json') if os.path.isdir(workdir) else ('start', '')
+  changed = not _same_command(status.get('command', []), cmd)
+  if status.get('state') == 'finished':
+    note = ' (with a different command; delete its workdir to re-run)' if changed else ''
+    return 'skip', f'finished before{note}'
+  if status.get('state') == 'failed':
+    if retry_failed:
+      return 'resume', 'retrying a failed run'
+    if changed:
+      return 'resume', 'failed before; its command changed'
+    return 'skip', f'failed before: {status.get("error")} (--retry_failed re-runs it)'
+  return 'resume', 'interrupted'
+
+
+class _Stop(Exception):
+  """SIGTERM or SIGHUP reached the launcher."""
+
+
+def _raise_stop(signum, frame):
+  del frame
+  raise _Stop(signal.Signals(signum).name)
+
+
+def _die_with_parent():
+  # Linux: a run gets SIGTERM if the launcher dies, even by SIGKILL, so no orphan keeps
+  # writing into a workdir that a relaunch resumes.
+  try:
+    import ctypes
+    ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+  except (OSError, AttributeError):
+    pass
+
+
+class _Active:
+  """A launched run: its process, log file and status."""
+
+  def __init__(self, run: Run, cmd: list[str], workdir: str):
+    self.run, self.workdir = run, workdir
+    os.makedirs(workdir, exist_ok=True)
+    previous = read_status(workdir) or {}
+    self.status = dict(name=run.name, config=run.config, overrides=run.overrides,
+                       command=cmd, state='running', start=_now(), end=None,
+                       returncode=None, error=None,
+                       attempts=previous.get('attempts', 0) + 1,
+                       seconds=previous.get('seconds', 0.0), pid=None)
+    self.log = open(os.path.join(workdir, LOG), 'a')
+    self.log.write(f'==> loco.sweep attempt {self.status["attempts"]} at '
+                   f'{self.status["start"]}: {" ".join(cmd)}\n')
+    self.log.flush()
+    self.t0 = time.time()
+    self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+    self.status['pid'] = self.proc.pid
+    self._write()
+
+  def _write(self) -> None:
+    _write_json(os.path.join(self.workdir, STATUS), self.status)
+
+  def finish(self, returncode: int | None, interrupted: bool = False) -> str:
+    """Records the end of this attempt; returns the state."""
+    self.log.close()
+    code = returncode
+    if interrupted or code is None or code < 0:
+      state = 'interrupted'
+      error = f'killed by signal {-code}' if code is not None and code < 0 else 'interrupted'
+    elif code == 0:
+      state, error = 'finished', None
+    else:
+      state, error = 'failed', error_line(os.path.join(self.workdir, LOG))
+    self.status.update(state=state, end=_now(), returncode=code, error=error,
+                       seconds=round(self.status['seconds'] + time.time() - self.t0, 1))
+    self._write()
+    return state
+
+
+def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
+              extra: dict[str, Any] | None = None, retry_failed: bool = False,
+              dry_run: bool = False, spec: str | None = None, report: bool = True,
+              stream=None) -> int:
+  """Runs (or resumes) a sweep in `out`; returns the exit code (0: all finished).
+
+  Args:
+    runs: the sweep's runs (`load_spec`).
+    out: the sweep directory; run `name` has its workdir in `out/name`.
+    parallel: runs at once.
+    extra: overrides applied to every run after its own (`--set`).
+    retry_failed: also re-run runs that failed before.
+    dry_run: print what would run and check that every config loads; run nothing.
+    spec: the spec file, recorded in `out/sweep.json`.
+    report: write the report (`loco.report`) at the end.
+    stream: where the progress lines go (stdout).
+
+  Returns:
+    0 if every run finished, 1 if one failed or a dry run found a bad config, 130 if
+    interrupted.
+  """
+  stream = stream or sys.stdout
+  say = lambda text: print(text, file=stream, flush=True)   # noqa: E731
+  check_runs(runs)
+  if parallel < 1:
+    raise SweepError(f'--parallel must be >= 1, got {parallel}.')
+  cmds = {r.name: command(r, os.path.join(out, r.name), extra) for r in runs}
+  plans = {r.name: _plan(r, cmds[r.name], os.path.join(out, r.name), retry_failed)
+           for r in runs}
+  width = max(len(r.name) for r in runs)
+  if dry_run:
+    return _dry_run(runs, cmds, plans, width, say)
+
+  os.makedirs(out, exist_ok=True)
+  lock = open(os.path.join(out, '.lock'), 'w')
+  try:
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError:
+    raise SweepError(f'another loco.sweep is running in {out}.') from None
+  _write_json(os.path.join(out, SWEEP), dict(
+      spec=spec, extra=extra or {},
+      runs=[dict(name=r.name, config=r.config, overrides=r.overrides, command=cmds[r.name])
+            for r in runs]))
+
+  t0 = time.time()
+  results: dict[str, str] = {}
+  todo = []
+  for r in runs:
+    action, reason = plans[r.name]
+    if action == 'skip':
+      results[r.name] = 'skipped'
+      say(f'skip    {r.name:<{width}}  {reason}')
+    else:
+      todo.append(r)
+  active: list[_Active] = []
+  code = 0
+  old_handlers = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+  try:
+    while todo or active:
+      while todo and len(active) < parallel:
+        r = todo.pop(0)
+        action, reason = plans[r.name]
+        active.append(_Active(r, cmds[r.name], os.path.join(out, r.name)))
+        verb = 'start' if action == 'start' else 'resume'
+        say(f'{verb:<7} {r.name:<{width}}  {reason}'.rstrip())
+      time.sleep(0.2)
+      for a in list(active):
+        returncode = a.proc.poll()
+        if returncode is None:
+          continue
+        active.remove(a)
+        state = a.finish(returncode)
+        results[a.run.name] = state
+        detail = f'{a.status["seconds"]:.0f} s' if state == 'finished' else a.status['error']
+        say(f'{state:<7} {a.run.name:<{width}}  {detail}')
+  except (KeyboardInterrupt, _Stop) as e:
+    code = 130
+    say(f'stopping ({type(e).__name__} {e}): interrupting {len(active)} running run(s); '
+        f'the same command resumes them.')
+    for a in active:
+      _terminate(a.proc)
+      results[a.run.name] = a.finish(a.proc.returncode, interrupted=True)
+    active = []
+  finally:
+    for s, handler in old_handlers.items():
+      signal.signal(s, handler)
+    for a in active:   # an unexpected error: do not leave runs behind
+      _terminate(a.proc)
+      a.finish(a.proc.returncode, interrupted=True)
+
+  _summary(runs, results, time.time() - t0, out, say)
+  if report:
+    try:
+      from loco import report as report_lib
+      report_lib.write_report([out], stream=stream)
+    except Exception as e:  # a report problem must not hide the runs' results
+      say(f'loco.sweep: the report failed: {type(e).__name__}: {e}')
+  lock.close()
+  if code:
+    return code
+  states = [(read_status(os.path.join(out, r.name)) or {}).get('state') for r in runs]
+  return 0 if all(state == 'finished' for state in states) else 1
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+  if proc.poll() is not None:
+    return
+  proc.terminate()
+  try:
+    proc.wait(timeout=15)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    proc.wait()
+
+
+def _dry_run(runs, cmds, plans, width, say) -> int:
+  bad = 0
+  for r in runs:
+    action, reason = plans[r.name]
+    say(f'{action:<7} {r.name:<{width}}  {reason}'.rstrip())
+    say(f'        python {" ".join(cmds[r.name][1:])}')
+    if action != 'skip':
+      try:
+        load_config(cmds[r.name][3:])
+      except Exception as e:  # whatever a config file or an override raises
+        bad += 1
+        say(f'        error: {_one_line(e)}')
+  say(f'{len(runs)} runs, {sum(p[0] != "skip" for p in plans.values())} to run'
+      f'{f", {bad} with a bad config" if bad else ""} (dry run: nothing was started).')
+  return 1 if bad else 0
+
+
+def _one_line(e: Exception) -> str:
+  # As loco.main words it: a config file's own exception line, not the traceback.
+  message = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
+  lines = [line.strip() for line in message.splitlines() if line.strip()]
+  message = lines[-1] if 'Traceback' in message else ' '.join(lines)
+  if isinstance(e, KeyError):
+    message = f'unknown config key {message}'
+  return message or type(e).__name__
+
+
+def _summary(runs, results, seconds, out, say) -> None:
+  width = max(len(r.name) for r in runs)
+  counts = {}
+  for state in results.values():
+    counts[state] = counts.get(state, 0) + 1
+  parts = ', '.join(f'{n} {s}' for s, n in sorted(counts.items()))
+  say(f'sweep {out}: {len(runs)} runs: {parts}; wall {_duration(seconds)}')
+  for r in runs:
+    state = results.get(r.name, 'not started')
+    status = read_status(os.path.join(out, r.name)) or {}
+    if state == 'skipped':
+      state = f'skipped ({status.get("state")})'
+    detail = status.get('error') if status.get('state') != 'finished' else (
+        f'{status.get("seconds", 0):.0f} s')
+    say(f'  {state:<20} {r.name:<{width}}  {detail or ""}'.rstrip())
+
+
+def _duration(seconds: float) -> str:
+  seconds = int(seconds)
+  return f'{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}'
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(
+      prog='python -m loco.sweep', description=__doc__.split('\n\n')[0])
+  parser.add_argument('spec', help='sweep spec file defining get_sweep()')
+  parser.add_argument('--out', help='sweep directory (default runs/sweeps/<spec name>)')
+  parser.add_argument('--parallel', type=int, default=1, help='runs at once (default 1)')
+  parser.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
+                      help='config override for every run, after its own (repeatable)')
+  parser.add_argument('--retry_failed', action='store_true', help='re-run failed runs')
+  parser.add_argument('--dry_run', action='store_true',
+                      help='print the plan and check the configs; run nothing')
+  parser.add_argument('--no_report', action='store_true', help='skip report.md and plots')
+  args = parser.parse_args(argv)
+  out = args.out or os.path.join('runs', 'sweeps',
+                                 os.path.splitext(os.path.basename(args.spec))[0])
+  try:
+    runs = load_spec(args.spec)
+    return run_sweep(runs, out, parallel=args.parallel, extra=parse_sets(args.set),
+                     retry_failed=args.retry_failed, dry_run=args.dry_run,
+                     spec=args.spec, report=not args.no_report)
+  except SweepError as e:
+    print(f'loco.sweep: error: {e}', file=sys.stderr)
+    return 2
+
+
+if __name__ == '__main__':
+  # Run the importable loco.sweep, not this __main__ copy: specs import Run from it.
+  from loco import sweep as _sweep
+  sys.exit(_sweep.main())
