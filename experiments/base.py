@@ -84,7 +84,7 @@ def get_config() -> config_dict.ConfigDict:
   # The simulated network (loco/network.py): set profile to get sim_seconds,
   # utilization and idle time; None fields take the profile's defaults.
   c.network = config_dict.ConfigDict()
-  c.network.profile = placeholder(str)   # None: no clock | datacenter | multi_region | lognormal
+  c.network.profile = placeholder(str)   # None: no clock | homogeneous | multi_region | lognormal
   #                                        | slow_links | stragglers | churn | custom
   c.network.mode = placeholder(str)      # sync | async (gasloc, noloco: replayed pairwise gossip)
   c.network.local_work = placeholder(str)  # async: steps (H each) | time (H_i from each speed)

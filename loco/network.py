@@ -32,7 +32,7 @@ import numpy as np
 
 from loco.errors import ConfigError
 
-PROFILES = ('datacenter', 'multi_region', 'lognormal', 'slow_links', 'stragglers',
+PROFILES = ('homogeneous', 'multi_region', 'lognormal', 'slow_links', 'stragglers',
             'churn', 'custom')
 MODES = ('sync', 'async')
 LOCAL_WORK = ('steps', 'time')
@@ -43,7 +43,7 @@ GBIT = 1e9 / 8   # bytes/s in one Gbit/s
 # The parameters each link profile reads (beyond `bandwidth` and `latency`), and the
 # defaults a profile gives the common parameters.
 _LINK_KEYS = {
-    'datacenter': (),
+    'homogeneous': (),
     'multi_region': ('regions', 'inter_bandwidth', 'inter_latency'),
     'lognormal': ('sigma',),
     'slow_links': ('slow_workers', 'slow_factor'),

@@ -1,0 +1,55 @@
+"""DiLoCo and GASLoC on a simulated network: homogeneous links, or a few slow ones.
+
+Commands (the argument after ':' picks the run; `python scripts/hetero.py` runs them all
+and prints the comparison):
+  python -m loco.main --config=experiments/tiny_hetero.py:gasloc --workdir=runs/hetero/gasloc
+  python -m loco.main --config=experiments/tiny_hetero.py:diloco --workdir=runs/hetero/diloco
+  ... :gasloc_homogeneous, :diloco_homogeneous, :diloco_drop25, :diloco_drop50
+
+The model, data, steps and outer optimizer are tiny_diloco.py's (8 workers, 300 steps of
+4 x 128 tokens each, H = 50). Each worker's step is taken to last 0.1 s (say a small
+GPU); links are 1 Gbit/s with 10 ms latency (workers across the internet), and in the
+`slow_links` profile every link of 2 of the 8 workers is 100x slower (10 Mbit/s).
+
+- diloco: synchronous; every sync is a ring all-reduce over all 8 workers, so it runs
+  at the pace of the slow links.
+- gasloc: GASLoC replayed asynchronously (loco/schedule.py): after its H local steps a
+  worker averages models with a random ready peer (any worker: topology 'matching'),
+  then takes its outer Nesterov step; nobody waits for the slow workers but their
+  partners.
+- diloco_drop25 / diloco_drop50: DiLoCo on the homogeneous network where each worker
+  drops out of each round with probability 0.25 / 0.5 (its round's work is lost; it
+  restarts from the new anchor).
+
+Expected: about 5 minutes per run on 2 CPU cores. Measured: WORKSPACE.md, "The network
+clock".
+"""
+
+from experiments import tiny_diloco
+
+VARIANTS = ('gasloc', 'diloco', 'gasloc_homogeneous', 'diloco_homogeneous',
+            'diloco_drop25', 'diloco_drop50')
+
+
+def get_config(arg: str = 'gasloc'):
+  if arg not in VARIANTS:
+    raise ValueError(f'tiny_hetero.py takes one of {VARIANTS} after ":", got {arg!r}.')
+  c = tiny_diloco.get_config()
+  algorithm, _, network = arg.partition('_')
+  if algorithm == 'gasloc':
+    c.algorithm.name = 'gasloc'
+    c.algorithm.topology = 'matching'
+    c.algorithm.mix = 'models'
+    c.network.mode = 'async'
+  c.eval.every = 25
+  c.log_every = 25
+  c.network.profile = 'slow_links' if network == '' else 'homogeneous'
+  c.network.step_seconds = 0.1
+  c.network.bandwidth = 1e9 / 8            # 1 Gbit/s
+  c.network.latency = 0.01
+  if c.network.profile == 'slow_links':
+    c.network.slow_workers = 2
+    c.network.slow_factor = 100.0
+  if network.startswith('drop'):
+    c.network.dropout = int(network[len('drop'):]) / 100
+  return c
