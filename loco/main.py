@@ -12,11 +12,23 @@ _CONFIG = config_flags.DEFINE_config_file(
     'config', None, 'Experiment config file (experiments/*.py).', lock_config=True)
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory; re-running in the same one resumes the run.')
+_DISTRIBUTED = flags.DEFINE_bool(
+    'distributed', False, 'Call jax.distributed.initialize() first: one process per '
+    'host of a TPU pod slice or a SLURM job (launch/MULTIHOST.md).')
+_COORDINATOR = flags.DEFINE_string(
+    'coordinator_address', None, 'With --distributed: host:port of process 0 '
+    '(default: auto-detected on TPU VMs and SLURM).')
+_NUM_PROCESSES = flags.DEFINE_integer(
+    'num_processes', None, 'With --distributed: the number of processes (default: auto).')
+_PROCESS_ID = flags.DEFINE_integer(
+    'process_id', None, 'With --distributed: this process\'s index (default: auto).')
 
 
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)   # orbax and tfds are chatty at INFO
+  if _DISTRIBUTED.value:   # before anything touches a JAX backend
+    _initialize_distributed()
   from loco import train
   from loco.errors import LocoError
   path = config_flags.get_config_filename(flags.FLAGS['config']).split(':')[0]
@@ -36,6 +48,15 @@ def main(argv):
     print(f'loco: error: {e}', file=sys.stderr)
     sys.exit(1)
   train.print_summary(config, workdir, record)
+
+
+def _initialize_distributed() -> None:
+  import jax
+  given = dict(coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
+               process_id=_PROCESS_ID.value)
+  jax.distributed.initialize(**{k: v for k, v in given.items() if v is not None})
+  print(f'loco: process {jax.process_index()} of {jax.process_count()}, '
+        f'{jax.local_device_count()} local of {jax.device_count()} devices.', flush=True)
 
 
 def _config_name() -> str:
