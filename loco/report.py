@@ -340,11 +340,12 @@ def write_report(paths: Sequence[str], out: str | None = None,
            'configured network (— without one); "wall s" is the measured time over all '
            'attempts (— if unknown).', '', '## Plots', '']
   if pngs:
-    lines += [f'![{os.path.splitext(os.path.basename(p))[0].replace("_", " ")}]'
-              f'({os.path.relpath(p, out)})' for p in pngs]
+    for p in pngs:
+      title = os.path.splitext(os.path.basename(p))[0].replace('_', ' ')
+      lines += [f'![{title}]({os.path.relpath(p, out)})', '']
   else:
-    lines.append('No eval loss to plot yet.')
-  lines += ['', '## Failed, diverged, incomplete and unstarted runs', '']
+    lines += ['No eval loss to plot yet.', '']
+  lines += ['## Failed, diverged, incomplete and unstarted runs', '']
   lines += [f'- {p}' for p in problems] or ['None.']
   commands = [(r['name'], r['command']) for r in rows + missing if r.get('command')]
   if commands:

@@ -1,0 +1,157 @@
+"""The report: exact table values on hand-written workdirs, plots, problem runs listed."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from loco import report
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _workdir(root, name, algorithm=None, steps=30, metrics=(), status=None, log=None):
+  path = os.path.join(root, name)
+  os.makedirs(path)
+  if algorithm:
+    with open(os.path.join(path, 'config.json'), 'w') as f:
+      json.dump({'config': {'steps': steps, 'algorithm': {'name': algorithm}}}, f)
+  if metrics:
+    with open(os.path.join(path, 'metrics.jsonl'), 'w') as f:
+      f.writelines(json.dumps(r) + '\n' for r in metrics)
+  if status:
+    with open(os.path.join(path, 'status.json'), 'w') as f:
+      json.dump(status, f)
+  if log:
+    with open(os.path.join(path, 'log.txt'), 'w') as f:
+      f.write(log)
+  return path
+
+
+def _records(evals, bytes_per_step=10.0, sim_per_step=0.0, extra=None):
+  """Log lines every 5 steps, evals at 10, 20, 30 (1,000 tokens per step)."""
+  out = []
+  for step in range(5, 5 * (2 * len(evals) + 1), 5):
+    r = dict(step=step, tokens=1000 * step, train_loss=4.0 - step / 100,
+             bytes_sent=bytes_per_step * step, bytes_received=bytes_per_step * step,
+             peak_bytes=bytes_per_step, syncs=step, sim_seconds=sim_per_step * step,
+             tokens_per_second=123.0, utilization=0.5)      # an unknown key is ignored
+    if step % 10 == 0:
+      r.update(eval_loss=evals[step // 10 - 1], eval_loss_workers=9.0, worker_spread=0.0)
+    out.append(r)
+  return out
+
+
+@pytest.fixture
+def sweep_dir(tmp_path):
+  root = str(tmp_path / 'sweep')
+  finished = dict(state='finished', returncode=0, error=None, seconds=12.5,
+                  command=['/usr/bin/python3', '-m', 'loco.main', '--config=x.py'])
+  _workdir(root, 'ddp', 'ddp', metrics=_records([3.0, 2.1, 2.2], bytes_per_step=100.0),
+           status=finished)
+  _workdir(root, 'diloco', 'diloco', metrics=_records([3.2, 2.6, 2.4], sim_per_step=0.5),
+           status=dict(finished, seconds=20.0))
+  _workdir(root, 'bad', status=dict(state='failed', returncode=1, seconds=1.0,
+                                    error='loco: error: optimizer.lr must be positive, got -1.0.'))
+  # Run by hand (no status.json): diverged, per its log; and one cut short, nested.
+  _workdir(root, 'nan', 'gasloc', metrics=_records([2.9]),
+           log='step 10\nloco: error: the training loss became nan at step 14; the last '
+               'good checkpoint (step 10) is kept in x.\n')
+  _workdir(root, 'more/partial', 'sparseloco', metrics=_records([2.0]))
+  with open(os.path.join(root, 'sweep.json'), 'w') as f:
+    json.dump({'runs': [{'name': n} for n in
+                        ('diloco', 'ddp', 'bad', 'nan', 'more/partial', 'never')]}, f)
+  return root
+
+
+def test_summarize_values_and_time_to_target(sweep_dir):
+  workdirs = report.find_workdirs(sweep_dir)
+  rows = {r['name']: r for r in report.summarize(workdirs)}
+  assert sorted(rows) == ['bad', 'ddp', 'diloco', 'more/partial', 'nan']
+  assert {n: r['status'] for n, r in rows.items()} == {
+      'bad': 'failed', 'ddp': 'finished', 'diloco': 'finished', 'more/partial': 'incomplete',
+      'nan': 'diverged'}
+  ddp, diloco = rows['ddp'], rows['diloco']
+  assert (ddp['algorithm'], ddp['final_eval_loss'], ddp['best_eval_loss']) == ('ddp', 2.2, 2.1)
+  assert (ddp['tokens'], ddp['bytes_sent'], ddp['peak_bytes']) == (30000, 3000.0, 100.0)
+  assert (ddp['sim_seconds'], ddp['wall_seconds']) == (0.0, 12.5)
+  # Default target: the largest final loss of the finished runs (diloco's 2.4); the
+  # partial run's 2.0 does not count.
+  assert all(r['target'] == 2.4 for r in rows.values())
+  assert (ddp['target_step'], ddp['target_tokens'], ddp['target_bytes'],
+          ddp['target_sim_seconds']) == (20, 20000, 2000.0, 0.0)
+  assert (diloco['target_step'], diloco['target_tokens'], diloco['target_bytes'],
+          diloco['target_sim_seconds']) == (30, 30000, 300.0, 15.0)
+  assert rows['more/partial']['target_step'] == 10
+  assert rows['nan']['target_step'] is None and rows['bad']['target_step'] is None
+  assert rows['bad']['error'] == 'loco: error: optimizer.lr must be positive, got -1.0.'
+  assert rows['nan']['error'].startswith('loco: error: the training loss became nan')
+  assert rows['bad']['final_eval_loss'] is None and rows['bad']['wall_seconds'] == 1.0
+
+  given = {r['name']: r for r in report.summarize(workdirs, target=2.15)}
+  assert given['ddp']['target_step'] == 20 and given['diloco']['target_step'] is None
+  assert given['ddp']['target'] == 2.15
+
+
+def test_write_report_table_plots_and_problem_runs(sweep_dir, tmp_path):
+  stream = io.StringIO()
+  path = report.write_report([sweep_dir], stream=stream)
+  assert path == os.path.join(sweep_dir, 'report.md')
+  text = open(path).read()
+  assert ('Target: eval loss <= 2.4000 (the largest final eval loss among finished runs, '
+          'so every finished run reaches it)') in text
+  assert '6 runs: 1 diverged, 1 failed, 2 finished, 1 incomplete, 1 not started.' in text
+  assert ('| diloco | diloco | finished | 2.4000 | 2.4000 | 30,000 | 300 B | 10 B | 15.0 | '
+          '20 | 30 | 30,000 | 300 B | 15.0 |') in text
+  assert ('| ddp | ddp | finished | 2.2000 | 2.1000 | 30,000 | 3.00 KB | 100 B | — | 12 | '
+          '20 | 20,000 | 2.00 KB | — |') in text
+  # Sweep order (sweep.json), then problems, never hidden.
+  assert text.index('| diloco |') < text.index('| ddp |') < text.index('| bad |')
+  assert '- `bad` (failed): loco: error: optimizer.lr must be positive, got -1.0.' in text
+  assert '- `nan` (diverged): loco: error: the training loss became nan at step 14' in text
+  assert '- `more/partial` (incomplete): ' in text
+  assert '- `never` (not started)' in text
+  assert '- `ddp`: `python -m loco.main --config=x.py`' in text
+  for name in ('steps', 'tokens', 'bytes_sent', 'sim_seconds'):
+    png = os.path.join(sweep_dir, f'eval_loss_vs_{name}.png')
+    assert f'(eval_loss_vs_{name}.png)' in text
+    with open(png, 'rb') as f:
+      assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  printed = stream.getvalue()
+  assert 'report: ' + path in printed
+  table = printed.splitlines()
+  header = next(line for line in table if line.startswith('run '))
+  ddp = next(line for line in table if line.startswith('ddp '))
+  assert ddp.split() == ['ddp', 'ddp', 'finished', '2.2000', '2.1000', '30,000', '3.00', 'KB',
+                         '100', 'B', '—', '12', '20', '20,000', '2.00', 'KB', '—']
+  end = header.index('final eval') + len('final eval')   # numbers right-aligned
+  assert ddp.index('2.2000') + len('2.2000') == end
+
+
+def test_plot_runs_skips_sim_seconds_without_a_network(sweep_dir, tmp_path):
+  out = str(tmp_path / 'plots')
+  written = report.plot_runs([os.path.join(sweep_dir, 'ddp')], out, labels=['DDP'])
+  assert sorted(os.path.basename(p) for p in written) == [
+      'eval_loss_vs_bytes_sent.png', 'eval_loss_vs_steps.png', 'eval_loss_vs_tokens.png']
+  assert sorted(os.listdir(out)) == sorted(os.path.basename(p) for p in written)
+  assert report.plot_runs([os.path.join(sweep_dir, 'bad')], out) == []
+
+
+def test_cli_on_workdirs_with_a_given_target(sweep_dir, tmp_path):
+  out = tmp_path / 'rep'
+  proc = subprocess.run(
+      [sys.executable, '-m', 'loco.report', os.path.join(sweep_dir, 'ddp'),
+       os.path.join(sweep_dir, 'diloco'), f'--out={out}', '--target=2.15'],
+      cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  text = (out / 'report.md').read_text()
+  assert 'Target: eval loss <= 2.1500 (given by --target)' in text
+  assert '| ddp | ddp | finished |' in text and '| diloco | diloco | finished |' in text
+  assert 'None.' in text                       # no failed, diverged or incomplete run
+  missing = subprocess.run([sys.executable, '-m', 'loco.report', str(tmp_path / 'nope')],
+                           cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert missing.returncode == 2
+  assert missing.stderr.strip() == f'loco.report: error: {tmp_path / "nope"} is not a directory.'
