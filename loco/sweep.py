@@ -208,7 +208,7 @@ def _write_json(path: str, data: Any) -> None:
   # Write-then-rename: a kill at any moment leaves the old file or the new one.
   tmp = f'{path}.tmp'
   with open(tmp, 'w') as f:
-    json.dump(data, f, indent=1)
+    json.dump(data, f, indent=1, default=str)
   os.replace(tmp, path)
 
 
@@ -391,7 +391,7 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
         say(f'{state:<7} {a.run.name:<{width}}  {detail}')
   except (KeyboardInterrupt, _Stop) as e:
     code = 130
-    say(f'stopping ({type(e).__name__} {e}): interrupting {len(active)} running run(s); '
+    say(f'stopping ({e or "Ctrl-C"}): interrupting {len(active)} running run(s); '
         f'the same command resumes them.')
     for a in active:
       _terminate(a.proc)

@@ -104,8 +104,10 @@ def test_spec_errors_are_one_line_on_the_command_line(tmp_path):
   no_get.write_text('RUNS = []\n')
   out = _sweep_cli(str(no_get), f'--out={tmp_path / "out"}')
   assert out.returncode == 2
-  assert out.stderr.strip() == f'loco.sweep: error: the sweep spec {no_get} does not define get_sweep().'
-  spec = _spec(tmp_path, "[Run('a', 'experiments/tiny_ddp.py'), Run('a', 'experiments/tiny_ddp.py')]")
+  assert out.stderr.strip() == (
+      f'loco.sweep: error: the sweep spec {no_get} does not define get_sweep().')
+  spec = _spec(tmp_path, "[Run('a', 'experiments/tiny_ddp.py'), "
+                         "Run('a', 'experiments/tiny_ddp.py')]")
   out = _sweep_cli(spec, f'--out={tmp_path / "out"}')
   assert out.returncode == 2
   assert out.stderr.strip().splitlines() == [
