@@ -51,6 +51,10 @@ class Timeline:
                num_workers: int, steps: int, algorithm: str, settings: dict[str, Any],
                model_bytes: int):
     self.cfg, self.net, self.num_workers = cfg, net, num_workers
+    if algorithm not in algorithms.COLLECTIVES:
+      raise ConfigError(f'algorithm {algorithm!r} does not say how it communicates; '
+                        'register it with loco.algorithms.register(name, factory, '
+                        'collective=...) to time it on a network.')
     collective = algorithms.COLLECTIVES[algorithm]
     topo = None
     if collective == 'gossip':

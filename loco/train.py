@@ -341,4 +341,7 @@ def print_summary(config, workdir: str, record: dict[str, Any]) -> None:
                  f'(unigram entropy of the eval split: {entropy:.4f} nats/token)')
   lines.append(f'bytes sent per worker: {record.get("bytes_sent", 0):,.0f}  '
                f'syncs: {record.get("syncs", 0):.0f}')
+  if record.get('sim_seconds'):
+    lines.append(f'simulated time: {record["sim_seconds"]:,.1f} s  compute utilization: '
+                 f'{record["utilization"]:.1%}  (network.profile={exp.network.profile!r})')
   print('\n'.join(lines))

@@ -47,6 +47,22 @@ PAIRWISE = ('adpsgd', 'a2cid2', 'noloco')
 ASYNC = ('gasloc', 'noloco')
 
 
+def register(name: str, factory: Callable[..., Algorithm], *,
+             collective: str = 'all_reduce') -> None:
+  """Adds an algorithm to the registry, with how it talks (for the network clock).
+
+  Args:
+    name: the `algorithm.name` config value.
+    factory: `factory(inner, *, mesh=None, **keys) -> Algorithm`.
+    collective: 'all_reduce', 'all_gather' or 'gossip' (then it needs a `topology` key).
+  """
+  if collective not in ('all_reduce', 'all_gather', 'gossip'):
+    raise ConfigError(f"collective must be 'all_reduce', 'all_gather' or 'gossip', got "
+                      f'{collective!r}.')
+  REGISTRY[name] = factory
+  COLLECTIVES[name] = collective
+
+
 def settings_of(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
   """The algorithm's keys with their values: `kwargs` over the factory's defaults."""
   params = inspect.signature(REGISTRY[name]).parameters
