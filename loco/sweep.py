@@ -437,6 +437,8 @@ def _dry_run(runs, cmds, plans, width, say) -> int:
     say(f'        python {" ".join(cmds[r.name][1:])}')
     if action != 'skip':
       try:
+        if not os.path.isfile(r.config.split(':')[0]):
+          raise SweepError(f'the config file {r.config.split(":")[0]} does not exist.')
         load_config(cmds[r.name][3:])
       except Exception as e:  # whatever a config file or an override raises
         bad += 1

@@ -117,7 +117,8 @@ def test_spec_errors_are_one_line_on_the_command_line(tmp_path):
 
 def test_dry_run_checks_configs_and_starts_nothing(tmp_path, nano_file):
   spec = _spec(tmp_path, f"[Run('ok', {nano_file!r}), Run('typo', {nano_file!r}, "
-                         f"{{'optimizr.lr': 1.0}}), Run('type', {nano_file!r}, {{'seed': 'x'}})]")
+                         f"{{'optimizr.lr': 1.0}}), Run('type', {nano_file!r}, {{'seed': 'x'}}), "
+                         f"Run('none', 'experiments/none.py')]")
   out = _sweep_cli(spec, f'--out={tmp_path / "out"}', '--dry_run', '--set=steps=3')
   assert out.returncode == 1, out.stderr
   lines = out.stdout.splitlines()
@@ -125,7 +126,8 @@ def test_dry_run_checks_configs_and_starts_nothing(tmp_path, nano_file):
   assert f'--workdir={tmp_path / "out" / "ok"} --config.steps=3' in lines[1]
   assert "error: unknown config key 'optimizr'" in out.stdout
   assert "--config.seed=x: invalid literal for int()" in out.stdout
-  assert lines[-1] == '3 runs, 3 to run, 2 with a bad config (dry run: nothing was started).'
+  assert 'error: the config file experiments/none.py does not exist.' in out.stdout
+  assert lines[-1] == '4 runs, 4 to run, 3 with a bad config (dry run: nothing was started).'
   assert not os.path.exists(tmp_path / 'out')
 
 
@@ -241,10 +243,12 @@ def test_killed_sweep_resumes_without_redoing_finished_runs(tmp_path, nano_file)
 
 def test_failed_runs_rerun_only_with_retry_failed_or_a_changed_command(tmp_path, nano_file):
   out = str(tmp_path / 'sweep')
-  spec = _spec(tmp_path, f"[Run('bad', {nano_file!r}, {{'optimizer.lr': -1.0}})]")
-  first = _sweep_cli(spec, f'--out={out}', '--no_report')
+  spec = _spec(tmp_path, f"[Run('bad', {nano_file!r}, {{'optimizer.lr': -1.0}}), "
+                         f"Run('bad2', {nano_file!r}, {{'num_workers': 0}})]")
+  first = _sweep_cli(spec, f'--out={out}', '--no_report', '--parallel=2')
   assert first.returncode == 1
-  assert 'failed  bad  loco: error: optimizer.lr must be positive, got -1.0.' in first.stdout
+  assert 'failed  bad   loco: error: optimizer.lr must be positive, got -1.0.' in first.stdout
+  assert _status(out, 'bad2')['error'].startswith('loco: error: num_workers must be >= 1')
   assert _sweep_cli(spec, f'--out={out}', '--no_report').returncode == 1
   assert _status(out, 'bad')['attempts'] == 1
   assert _sweep_cli(spec, f'--out={out}', '--no_report', '--retry_failed').returncode == 1
