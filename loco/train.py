@@ -236,13 +236,16 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     counters = _Counters(host_state)
     if timeline is not None:
       timeline.load_state_dict(counters.timeline)
-  _write_config_json(workdir, config, exp)
+  # On several hosts every process runs the same program; process 0 writes the files.
+  is_main = jax.process_index() == 0
+  if is_main:
+    _write_config_json(workdir, config, exp)
 
   train_chunk = make_train_chunk(algorithm, exp.model, graphdef, mesh, r.grad_mode)
   evaluate = make_evaluator(exp.model, graphdef, r.eval_per_worker)
   check_finite = jax.jit(_all_finite)
-  writer = MetricsWriter(workdir, resume_step=start)
-  progress = ProgressBar(total, start, enabled=r.progress)
+  writer = MetricsWriter(workdir, resume_step=start) if is_main else _NoWriter()
+  progress = ProgressBar(total, start, enabled=r.progress and is_main)
   last: dict[str, Any] = {}
 
   def next_chunk(step):
@@ -255,7 +258,7 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   def finish_chunk(end_step, k, outputs, t_dispatch):
     """Host-side work for a chunk whose outputs are ready (or about to be)."""
     nonlocal last
-    losses, info = jax.device_get(outputs)
+    losses, info = _fetch(outputs)
     losses = np.asarray(losses)                                  # [K, M]
     if not np.all(np.isfinite(losses)):
       bad = end_step - k + 1 + int(np.argmax(~np.all(np.isfinite(losses), axis=1)))
@@ -320,6 +323,24 @@ def _emit(writer: MetricsWriter, progress: ProgressBar, record: dict) -> None:
                   record.get('eval_loss'))
 
 
+def _fetch(tree):
+  """Host copies of (possibly worker-sharded) arrays, from every process's devices."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  from jax.experimental import multihost_utils
+  return multihost_utils.process_allgather(tree, tiled=True)
+
+
+class _NoWriter:
+  """The metrics writer of processes other than process 0."""
+
+  def write(self, record: dict[str, Any]) -> None:
+    del record
+
+  def close(self) -> None:
+    pass
+
+
 def _write_config_json(workdir: str, config, exp: Experiment) -> None:
   out = dict(config=config.to_dict(),
              model=dict(dataclasses.asdict(exp.model),
@@ -333,6 +354,8 @@ def _write_config_json(workdir: str, config, exp: Experiment) -> None:
 
 def print_summary(config, workdir: str, record: dict[str, Any]) -> None:
   """Prints the end-of-run lines: final eval loss against the unigram-entropy reference."""
+  if jax.process_index() != 0:
+    return
   exp = parse_config(config)
   lines = [f'workdir: {workdir}', f'steps: {record.get("step")}  tokens: {record.get("tokens")}']
   if 'eval_loss' in record:

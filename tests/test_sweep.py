@@ -288,8 +288,6 @@ _TWO_PROCESSES = ['--config.num_workers=2', '--config.mesh.workers=2',
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason='train.run fetches worker-sharded outputs with '
-                   'jax.device_get, which fails across processes (launch/MULTIHOST.md)')
 def test_two_processes_match_one_process_with_two_devices(tmp_path, nano_file):
   """Two CPU processes over Gloo give the one-process, two-device numbers."""
   port = _free_port()
