@@ -80,6 +80,7 @@ class AsyncSchedule:
     sync: [T, M] bool, workers taking part in an exchange at the end of the tick.
     mixing: [T, M, M] float32, each tick's mixing matrix (identity outside exchanges).
     seconds: [T] simulated time by which every event of ticks <= t is done.
+    worker_seconds: [T, M] each worker's own clock after tick t (its last event's end).
     compute: [T, M] each worker's cumulative compute seconds after tick t.
     exchanges: (i, j, start, end) of every exchange, in time order.
   """
@@ -87,6 +88,7 @@ class AsyncSchedule:
   sync: np.ndarray
   mixing: np.ndarray
   seconds: np.ndarray
+  worker_seconds: np.ndarray
   compute: np.ndarray
   exchanges: list
 
@@ -171,7 +173,7 @@ def _replay(items, exchanges, c, m) -> AsyncSchedule:
   for i in range(m):
     if items[i] and items[i][0][0] == 'local':
       left[i] = items[i][0][1]
-  actives, syncs, mixings, seconds, computes = [], [], [], [], []
+  actives, syncs, mixings, seconds, clocks, computes = [], [], [], [], [], []
   progress = np.zeros(m)         # time by which each worker's replayed work is done
   compute = np.zeros(m)
 
@@ -215,7 +217,9 @@ def _replay(items, exchanges, c, m) -> AsyncSchedule:
     syncs.append(sync)
     mixings.append(mixing)
     seconds.append(progress.max() if not seconds else max(seconds[-1], progress.max()))
+    clocks.append(progress.copy())
     computes.append(compute.copy())
   return AsyncSchedule(active=np.array(actives), sync=np.array(syncs),
                        mixing=np.array(mixings), seconds=np.array(seconds),
-                       compute=np.array(computes), exchanges=exchanges)
+                       worker_seconds=np.array(clocks), compute=np.array(computes),
+                       exchanges=exchanges)

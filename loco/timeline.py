@@ -123,15 +123,17 @@ class Timeline:
                       None if overlap is None else int(overlap[k]))
 
   def metrics(self, end: int) -> dict[str, Any]:
-    """sim_seconds, utilization and per-worker idle seconds after `end` ticks."""
+    """sim_seconds, utilization (mean compute / elapsed) and idle seconds per worker."""
     if self.schedule is not None:
       seconds = float(self.schedule.seconds[end - 1])
+      own = self.schedule.worker_seconds[end - 1]
       compute = self.schedule.compute[end - 1]
     else:
-      seconds, compute = self.clock.seconds, self.clock.compute
+      seconds, own, compute = self.clock.seconds, self.clock.now, self.clock.compute
+    # Idle: each worker's own elapsed time (its clock) minus its compute time.
     return dict(sim_seconds=seconds,
                 utilization=network_lib.utilization(compute, seconds),
-                idle_seconds=[round(float(seconds - c), 6) for c in compute])
+                idle_seconds=[round(float(t - c), 6) for t, c in zip(own, compute)])
 
   def state_dict(self) -> dict:
     return {} if self.schedule is not None else self.clock.state_dict()

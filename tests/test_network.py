@@ -181,6 +181,8 @@ def test_async_schedule_invariants():
     np.testing.assert_array_equal(np.diag(w) == 0.5, sched.sync[t])
   # Clocks are monotone; compute is steps x step time.
   assert (np.diff(sched.seconds) >= 0).all()
+  assert (np.diff(sched.worker_seconds, axis=0) >= 0).all()
+  np.testing.assert_allclose(sched.seconds, sched.worker_seconds.max(1))
   assert (np.diff(sched.compute, axis=0) >= 0).all()
   np.testing.assert_allclose(sched.compute[-1], 30 * net.step_seconds)
   # An exchange's time is its link's: latency + bytes / bandwidth, the slower way.
