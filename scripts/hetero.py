@@ -13,6 +13,7 @@ resumes or skips finished runs), then prints and writes (OUT/hetero.md, OUT/*.pn
   round, final eval loss.
 """
 
+import collections
 import os
 import sys
 import time
@@ -24,7 +25,7 @@ from absl import logging
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments import tiny_hetero  # noqa: E402
-from loco import report, train  # noqa: E402
+from loco import model, report, timeline, train  # noqa: E402
 from loco.metrics import read_metrics  # noqa: E402
 
 _OUT = flags.DEFINE_string('out', 'runs/hetero', 'Directory for the runs and hetero.md.')
@@ -49,6 +50,19 @@ def loss_at(evals, seconds: float) -> float | None:
   """Eval loss of the last evaluation done by `seconds`."""
   done = [loss for s, loss in evals if s <= seconds + 1e-9]
   return done[-1] if done else None
+
+
+def _pairing(variant: str) -> str:
+  """Who the asynchronous schedule paired: exchanges, distinct pairs, the most repeated."""
+  exp = train.parse_config(tiny_hetero.get_config(variant))
+  r = exp.run
+  line = timeline.make_timeline(
+      exp.network, num_workers=r.num_workers, steps=r.steps,
+      algorithm=exp.algorithm_name, algorithm_kwargs=exp.algorithm_kwargs,
+      flops_per_token=1.0, tokens_per_step=1, model_bytes=4 * model.param_count(exp.model))
+  pairs = collections.Counter((i, j) for i, j, _, _ in line.schedule.exchanges)
+  (i, j), n = pairs.most_common(1)[0]
+  return f'{sum(pairs.values())} | {len(pairs)} | ({i}, {j}) x {n}'
 
 
 def _fmt(x, spec):
@@ -91,6 +105,10 @@ def main(argv):
     last = read_metrics(workdirs[variant])[-1]
     lines.append(f'| {label} | {_evals(workdirs[variant])[-1][1]:.3f} | '
                  f'{last["bytes_sent"] / 1e6:.1f} MB |')
+  lines += ['', '| asynchronous run | exchanges | distinct pairs (of 28) | most repeated pair |',
+            '|---|---|---|---|']
+  for variant in ('gasloc', 'gasloc_homogeneous'):
+    lines.append(f'| {variant} | {_pairing(variant)} |')
   text = '\n'.join(lines)
   with open(os.path.join(out, 'hetero.md'), 'w') as f:
     f.write(text + '\n')
