@@ -88,6 +88,7 @@ def get_config() -> config_dict.ConfigDict:
   #                                        | slow_links | stragglers | churn | custom
   c.network.mode = placeholder(str)      # sync | async (gasloc, noloco: replayed pairwise gossip)
   c.network.local_work = placeholder(str)  # async: steps (H each) | time (H_i from each speed)
+  c.network.peer_choice = placeholder(str)  # async: ready (any waiting neighbour) | sampled (a random one, waited for)
   c.network.step_seconds = placeholder(float)  # seconds per inner step; None: FLOPs / (device_flops x mfu)
   c.network.device_flops = placeholder(float)  # a worker's peak FLOP/s (100e12)
   c.network.mfu = placeholder(float)           # fraction of the peak a step reaches (0.4)

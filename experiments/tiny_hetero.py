@@ -4,7 +4,8 @@ Commands (the argument after ':' picks the run; `python scripts/hetero.py` runs 
 and prints the comparison):
   python -m loco.main --config=experiments/tiny_hetero.py:gasloc --workdir=runs/hetero/gasloc
   python -m loco.main --config=experiments/tiny_hetero.py:diloco --workdir=runs/hetero/diloco
-  ... :gasloc_homogeneous, :diloco_homogeneous, :diloco_drop25, :diloco_drop50
+  ... :gasloc_homogeneous, :diloco_homogeneous, :diloco_drop25, :diloco_drop50,
+  :gasloc_sampled
 
 The model, data, steps and outer optimizer are tiny_diloco.py's (8 workers, 300 steps of
 4 x 128 tokens each, H = 50). Each worker's step is taken to last 0.1 s (say a small
@@ -17,6 +18,9 @@ GPU); links are 1 Gbit/s with 10 ms latency (workers across the internet), and i
   worker averages models with a random ready peer (any worker: topology 'matching'),
   then takes its outer Nesterov step; nobody waits for the slow workers but their
   partners.
+- gasloc_sampled: gasloc, but each worker picks a random peer and waits for it
+  (`network.peer_choice='sampled'`) instead of taking whoever is ready, which keeps the
+  workers behind slow links from pairing only with each other.
 - diloco_drop25 / diloco_drop50: DiLoCo on the homogeneous network where each worker
   drops out of each round with probability 0.25 / 0.5 (its round's work is lost; it
   restarts from the new anchor).
@@ -28,7 +32,7 @@ clock".
 from experiments import tiny_diloco
 
 VARIANTS = ('gasloc', 'diloco', 'gasloc_homogeneous', 'diloco_homogeneous',
-            'diloco_drop25', 'diloco_drop50')
+            'diloco_drop25', 'diloco_drop50', 'gasloc_sampled')
 
 
 def get_config(arg: str = 'gasloc'):
@@ -43,7 +47,10 @@ def get_config(arg: str = 'gasloc'):
     c.network.mode = 'async'
   c.eval.every = 25
   c.log_every = 25
-  c.network.profile = 'slow_links' if network == '' else 'homogeneous'
+  slow = network in ('', 'sampled')
+  c.network.profile = 'slow_links' if slow else 'homogeneous'
+  if network == 'sampled':
+    c.network.peer_choice = 'sampled'
   c.network.step_seconds = 0.1
   c.network.bandwidth = 1e9 / 8            # 1 Gbit/s
   c.network.latency = 0.01

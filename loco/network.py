@@ -36,6 +36,7 @@ PROFILES = ('homogeneous', 'multi_region', 'lognormal', 'slow_links', 'straggler
             'churn', 'custom')
 MODES = ('sync', 'async')
 LOCAL_WORK = ('steps', 'time')
+PEER_CHOICES = ('ready', 'sampled')
 COLLECTIVES = ('all_reduce', 'all_gather', 'gossip')
 
 GBIT = 1e9 / 8   # bytes/s in one Gbit/s
@@ -52,7 +53,7 @@ _LINK_KEYS = {
     'custom': ('bandwidth_matrix', 'latency_matrix'),
 }
 _DEFAULTS = dict(
-    mode='sync', local_work='steps', step_seconds=None, device_flops=100e12, mfu=0.4,
+    mode='sync', local_work='steps', peer_choice='ready', step_seconds=None, device_flops=100e12, mfu=0.4,
     speeds=None, bandwidth=100 * GBIT, latency=1e-4, regions=2,
     inter_bandwidth=1 * GBIT, inter_latency=0.05, sigma=1.0, slow_workers=2,
     slow_factor=30.0, bandwidth_matrix=None, latency_matrix=None,
@@ -71,6 +72,8 @@ class NetworkConfig:
     mode: 'sync' (every algorithm) or 'async' (gossip replayed from `loco.schedule`).
     local_work: 'steps' (H local steps per round) or 'time' (async: as many local
       steps as fit in H nominal step times).
+    peer_choice: async: 'ready' (any waiting neighbour) or 'sampled' (a random
+      neighbour, waited for); see `loco.schedule.simulate_async`.
     step_seconds: seconds per inner step at speed 1, or None: from FLOPs.
     device_flops, mfu: a worker's peak FLOP/s and the fraction of it a step reaches
       (used when step_seconds is None).
@@ -91,6 +94,7 @@ class NetworkConfig:
   profile: str
   mode: str = 'sync'
   local_work: str = 'steps'
+  peer_choice: str = 'ready'
   step_seconds: float | None = None
   device_flops: float = 100e12
   mfu: float = 0.4
@@ -114,6 +118,9 @@ class NetworkConfig:
   def __post_init__(self):
     if self.mode not in MODES:
       raise ConfigError(f'network.mode must be one of {MODES}, got {self.mode!r}.')
+    if self.peer_choice not in PEER_CHOICES:
+      raise ConfigError(f'network.peer_choice must be one of {PEER_CHOICES}, got '
+                        f'{self.peer_choice!r}.')
     if self.local_work not in LOCAL_WORK:
       raise ConfigError(f'network.local_work must be one of {LOCAL_WORK}, got '
                         f'{self.local_work!r}.')

@@ -105,9 +105,12 @@ def local_steps_per_round(net: Network, sync_every: int, local_work: str) -> np.
   return np.maximum(1, np.floor(budget / net.step_seconds + 1e-9)).astype(int)
 
 
+PEER_CHOICES = ('ready', 'sampled')   # also loco.network.PEER_CHOICES
+
+
 def simulate_async(net: Network, *, steps: int, sync_every: int, peers: np.ndarray,
                    exchange_bytes: float, local_work: str = 'steps',
-                   seed: int = 0) -> AsyncSchedule:
+                   peer_choice: str = 'ready', seed: int = 0) -> AsyncSchedule:
   """Simulates asynchronous pairwise gossip rounds and returns their replay.
 
   Args:
@@ -117,10 +120,17 @@ def simulate_async(net: Network, *, steps: int, sync_every: int, peers: np.ndarr
     peers: [M, M] bool, who may exchange with whom (the topology's graph).
     exchange_bytes: bytes each side sends in one exchange.
     local_work: 'steps' or 'time' (per-worker H_i from its speed).
-    seed: seeds the tie-breaks and the choice among ready peers.
+    peer_choice: 'ready': exchange with a random neighbour that is waiting, else wait
+      for the next one to become ready; 'sampled': pick a random neighbour and wait for
+      that one (a worker that becomes ready first serves whoever waits for it). With
+      'ready', workers that finish together pair together, which can split the mixing
+      graph into cohorts on heterogeneous networks; 'sampled' mixes across them at the
+      price of waiting.
+    seed: seeds the tie-breaks and the choice of peers.
 
   Returns:
-    The `AsyncSchedule`.
+    The `AsyncSchedule`. A worker whose neighbours have all finished skips its
+    exchange and goes on with its local steps, so every worker takes `steps` steps.
   """
   m = net.num_workers
   peers = np.asarray(peers, bool)
@@ -128,14 +138,19 @@ def simulate_async(net: Network, *, steps: int, sync_every: int, peers: np.ndarr
     raise ConfigError(f'the peer graph must be {m} x {m}, got {peers.shape}.')
   if steps < 1 or sync_every < 1:
     raise ConfigError(f'steps and sync_every must be >= 1, got {steps}, {sync_every}.')
+  if peer_choice not in PEER_CHOICES:
+    raise ConfigError(f'network.peer_choice must be one of {PEER_CHOICES}, got '
+                      f'{peer_choice!r}.')
   rng = np.random.default_rng(seed)
   c = np.asarray(net.step_seconds, float)
   per_round = local_steps_per_round(net, sync_every, local_work)
   done = np.zeros(m, int)
+  finished = np.zeros(m, bool)       # no local work left and not waiting
   # Per worker: a list of ('local', n, start) and ('x', exchange index) items.
   items: list[list[tuple]] = [[] for _ in range(m)]
   exchanges: list[tuple[int, int, float, float]] = []
   heap: list[tuple[float, float, int]] = []
+  waiting: dict[int, int | None] = {}   # waiting worker -> the neighbour it waits for
 
   def start_local(i: int, t: float) -> None:
     n = int(min(per_round[i], steps - done[i]))
@@ -143,18 +158,11 @@ def simulate_async(net: Network, *, steps: int, sync_every: int, peers: np.ndarr
       done[i] += n
       items[i].append(('local', n, t))
       heapq.heappush(heap, (t + n * c[i], rng.random(), i))
+    else:
+      finished[i] = True
 
-  for i in range(m):
-    start_local(i, 0.0)
-  waiting: set[int] = set()
-  while heap:
-    t, _, i = heapq.heappop(heap)
-    ready = sorted(j for j in waiting if peers[i, j])
-    if not ready:
-      waiting.add(i)
-      continue
-    j = int(rng.choice(ready))
-    waiting.discard(j)
+  def exchange(i: int, j: int, t: float) -> None:
+    waiting.pop(j, None)
     end = t + max(net.link_seconds(i, j, exchange_bytes),
                   net.link_seconds(j, i, exchange_bytes))
     for k in (i, j):
@@ -162,6 +170,49 @@ def simulate_async(net: Network, *, steps: int, sync_every: int, peers: np.ndarr
     exchanges.append((min(i, j), max(i, j), t, end))
     start_local(i, end)
     start_local(j, end)
+
+  def live_neighbours(i: int) -> list[int]:
+    return [j for j in range(m) if peers[i, j] and not finished[j]]
+
+  def release_stranded(t: float) -> None:
+    # A waiter with no neighbour left to meet, or whose chosen one has finished.
+    for w in sorted(waiting):
+      if w not in waiting:
+        continue
+      options = live_neighbours(w)
+      if not options:
+        del waiting[w]
+        start_local(w, t)
+      elif waiting[w] is not None and finished[waiting[w]]:
+        j = int(rng.choice(options))
+        if j in waiting:
+          del waiting[w]
+          exchange(w, j, t)
+        else:
+          waiting[w] = j
+
+  for i in range(m):
+    start_local(i, 0.0)
+  while heap:
+    t, _, i = heapq.heappop(heap)
+    if peer_choice == 'ready':
+      ready = sorted(j for j in waiting if peers[i, j])
+      if ready:
+        exchange(i, int(rng.choice(ready)), t)
+      else:
+        waiting[i] = None
+    else:
+      askers = [w for w, target in waiting.items() if target == i]   # in arrival order
+      if askers:
+        exchange(i, askers[0], t)
+      else:
+        options = live_neighbours(i)
+        j = int(rng.choice(options)) if options else None
+        if j is not None and j in waiting:
+          exchange(i, j, t)
+        else:
+          waiting[i] = j
+    release_stranded(t)
   return _replay(items, exchanges, c, m)
 
 

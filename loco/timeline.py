@@ -72,11 +72,12 @@ class Timeline:
       self.schedule = schedule_lib.simulate_async(
           net, steps=steps, sync_every=settings['sync_every'], peers=topo.adjacency,
           exchange_bytes=model_bytes * wire.itemsize / 4, local_work=cfg.local_work,
-          seed=cfg.seed)
+          peer_choice=cfg.peer_choice, seed=cfg.seed)
       self.num_ticks = self.schedule.num_ticks
       return
-    if cfg.local_work != 'steps':
-      raise ConfigError("network.local_work='time' needs network.mode='async'.")
+    if cfg.local_work != 'steps' or cfg.peer_choice != 'ready':
+      raise ConfigError("network.local_work and network.peer_choice apply to "
+                        "network.mode='async'.")
     self.num_ticks = steps
     self.sync = schedule_lib.SyncSchedule(
         num_workers, round_steps=settings.get('sync_every', 1) or 1, dropout=cfg.dropout,

@@ -31,7 +31,8 @@ from loco.metrics import read_metrics  # noqa: E402
 _OUT = flags.DEFINE_string('out', 'runs/hetero', 'Directory for the runs and hetero.md.')
 _STEPS = flags.DEFINE_integer('steps', None, 'Override the inner steps of every run.')
 
-NETWORKS = (('homogeneous links', '_homogeneous'), ('2 of 8 workers on 100x slower links', ''))
+NETWORKS = (('homogeneous links', ('diloco_homogeneous', 'gasloc_homogeneous')),
+            ('2 of 8 workers on 100x slower links', ('diloco', 'gasloc', 'gasloc_sampled')))
 DROPOUT = (('0%', 'diloco_homogeneous'), ('25%', 'diloco_drop25'), ('50%', 'diloco_drop50'))
 
 
@@ -90,12 +91,12 @@ def main(argv):
 
   lines = ['| network | algorithm | s to target | target | loss at T | T (s) | '
            'final loss | total simulated s | utilization |', '|---|---|---|---|---|---|---|---|---|']
-  for label, suffix in NETWORKS:
-    runs = {name: _evals(workdirs[name + suffix]) for name in ('diloco', 'gasloc')}
+  for label, names in NETWORKS:
+    runs = {name: _evals(workdirs[name]) for name in names}
     target = max(evals[-1][1] for evals in runs.values())
     horizon = min(evals[-1][0] for evals in runs.values())
     for name, evals in runs.items():
-      last = read_metrics(workdirs[name + suffix])[-1]
+      last = read_metrics(workdirs[name])[-1]
       lines.append(f'| {label} | {name} | {_fmt(seconds_to(evals, target), ".1f")} | '
                    f'{target:.3f} | {_fmt(loss_at(evals, horizon), ".3f")} | {horizon:.1f} | '
                    f'{evals[-1][1]:.3f} | {evals[-1][0]:.1f} | {last["utilization"]:.0%} |')
@@ -107,7 +108,7 @@ def main(argv):
                  f'{last["bytes_sent"] / 1e6:.1f} MB |')
   lines += ['', '| asynchronous run | exchanges | distinct pairs (of 28) | most repeated pair |',
             '|---|---|---|---|']
-  for variant in ('gasloc', 'gasloc_homogeneous'):
+  for variant in ('gasloc', 'gasloc_sampled', 'gasloc_homogeneous'):
     lines.append(f'| {variant} | {_pairing(variant)} |')
   text = '\n'.join(lines)
   with open(os.path.join(out, 'hetero.md'), 'w') as f:

@@ -310,3 +310,32 @@ def test_async_needs_an_outer_gossip_algorithm(nano_config, tmp_path):
   nano_config.network.mode = 'async'
   with pytest.raises(ConfigError, match="network.mode='async'"):
     train.run(nano_config, str(tmp_path / 'run'))
+
+
+def test_sampled_peers_mix_across_cohorts_and_stranded_workers_go_on():
+  # Workers 0 and 1 sit behind slow links: with 'ready' they pair with each other.
+  m = 8
+  bandwidth = np.full((m, m), 1000.0)
+  bandwidth[:2, :] = bandwidth[:, :2] = 10.0
+  pairs = {}
+  for choice in ('ready', 'sampled'):
+    net = _net(np.ones(m), bandwidth, np.zeros((m, m)))
+    sched = schedule_lib.simulate_async(net, steps=60, sync_every=5,
+                                        peers=~np.eye(m, dtype=bool), exchange_bytes=100.0,
+                                        peer_choice=choice, seed=0)
+    np.testing.assert_array_equal(sched.active.sum(0), 60)
+    for w in range(m):
+      spans = sorted((s, e) for i, j, s, e in sched.exchanges if w in (i, j))
+      assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    pairs[choice] = {(i, j) for i, j, _, _ in sched.exchanges}
+  assert len(pairs['sampled']) > len(pairs['ready'])
+  # Time-based local work: the fast worker runs out of partners; everyone still
+  # takes all of its steps.
+  net = _net([0.25, 1.0, 1.0], np.full((3, 3), 100.0), np.zeros((3, 3)))
+  for choice in ('ready', 'sampled'):
+    sched = schedule_lib.simulate_async(net, steps=20, sync_every=3,
+                                        peers=~np.eye(3, dtype=bool), exchange_bytes=10.0,
+                                        local_work='time', peer_choice=choice)
+    np.testing.assert_array_equal(sched.active.sum(0), 20)
+  with pytest.raises(ConfigError, match='peer_choice'):
+    net_lib.parse_network(dict(profile='homogeneous', peer_choice='nearest'))
