@@ -166,7 +166,12 @@ def parse_network(section: dict[str, Any] | None) -> NetworkConfig | None:
   values = {**_DEFAULTS, **_PROFILE_DEFAULTS.get(profile, {}), **section}
   if values['speeds'] is not None:
     values['speeds'] = tuple(float(s) for s in values['speeds'])
-  values['churn'] = tuple(tuple(int(v) for v in c) for c in values['churn'])
+  try:
+    values['churn'] = tuple(tuple(int(v) for v in c) for c in values['churn'])
+    assert all(len(c) == 3 for c in values['churn'])
+  except (TypeError, ValueError, AssertionError):
+    raise ConfigError('network.churn must be a list of [worker, leave_step, rejoin_step], '
+                      f'got {section.get("churn")!r}.') from None
   if profile == 'churn' and not values['churn']:
     raise ConfigError("network.profile='churn' needs network.churn: a list of "
                       '(worker, leave_step, rejoin_step).')
@@ -433,11 +438,3 @@ def utilization(compute: np.ndarray, elapsed: float) -> float:
   """Compute utilization: compute time over elapsed time, averaged over workers."""
   return float(np.mean(compute) / elapsed) if elapsed > 0 else 1.0
 
-
-def describe(net: Network) -> str:
-  """One line about a network, for the run's start."""
-  off = ~np.eye(net.num_workers, dtype=bool)
-  bw = net.bandwidth[off] / GBIT
-  return (f'network: step {net.step_seconds.min():.3g}-{net.step_seconds.max():.3g} s, '
-          f'links {bw.min():.3g}-{bw.max():.3g} Gbit/s, latency '
-          f'{net.latency[off].min():.3g}-{net.latency[off].max():.3g} s')

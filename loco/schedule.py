@@ -25,7 +25,7 @@ import heapq
 import numpy as np
 
 from loco.errors import ConfigError
-from loco.network import Network
+from loco.network import PEER_CHOICES, Network
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,9 +103,6 @@ def local_steps_per_round(net: Network, sync_every: int, local_work: str) -> np.
     return np.full(net.num_workers, sync_every)
   budget = sync_every * float(np.mean(net.step_seconds))
   return np.maximum(1, np.floor(budget / net.step_seconds + 1e-9)).astype(int)
-
-
-PEER_CHOICES = ('ready', 'sampled')   # also loco.network.PEER_CHOICES
 
 
 def simulate_async(net: Network, *, steps: int, sync_every: int, peers: np.ndarray,

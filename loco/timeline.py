@@ -91,7 +91,6 @@ class Timeline:
       else:
         edges_fn = lambda r: topo.adjacency
     self.clock = network_lib.Clock(net, collective, edges_fn)
-    self._active = None
 
   def contexts(self, start: int, count: int) -> StepContext | None:
     """The StepContext arrays ([count, ...]) of ticks start .. start + count - 1."""

@@ -108,6 +108,7 @@ def test_profiles_build_the_matrices_they_describe():
     (dict(profile='homogeneous', mode='later'), 'network.mode'),
     (dict(profile='churn'), 'needs network.churn'),
     (dict(profile='custom'), 'needs network.bandwidth_matrix'),
+    (dict(profile='churn', churn=[1, 5, 9]), 'network.churn must be a list of'),
 ])
 def test_bad_network_config(section, match):
   with pytest.raises(ConfigError, match=match):

@@ -16,6 +16,7 @@ from loco.algorithms.gasloc import gasloc
 from loco.algorithms.gossip_baselines import a2cid2, adpsgd, dsgd, noloco
 from loco.algorithms.sparseloco import sparseloco
 from loco.algorithms.streaming import streaming_diloco
+from loco import network
 from loco.engine import Algorithm
 from loco.errors import ConfigError
 
@@ -56,9 +57,8 @@ def register(name: str, factory: Callable[..., Algorithm], *,
     factory: `factory(inner, *, mesh=None, **keys) -> Algorithm`.
     collective: 'all_reduce', 'all_gather' or 'gossip' (then it needs a `topology` key).
   """
-  if collective not in ('all_reduce', 'all_gather', 'gossip'):
-    raise ConfigError(f"collective must be 'all_reduce', 'all_gather' or 'gossip', got "
-                      f'{collective!r}.')
+  if collective not in network.COLLECTIVES:
+    raise ConfigError(f'collective must be one of {network.COLLECTIVES}, got {collective!r}.')
   REGISTRY[name] = factory
   COLLECTIVES[name] = collective
 
