@@ -1,18 +1,79 @@
-"""Shared fixtures: a small text corpus and a fast base config for end-to-end runs."""
+"""Shared fixtures and the home-directory guard.
 
-import glob
+Tests never read or write the user's home: before anything imports loco, HOME points at
+a fresh temporary directory and $LOCO_DATA_DIR is unset, so every default path (the
+prepared-corpus cache `~/.cache/loco/tfds`, matplotlib's cache) lands in a throw-away
+place, as on a new machine. A guard fails the run if anything still touches the real
+`~/.cache/loco`: an audit hook sees every Python-level file access under it, and its
+listing is compared before and after the session (for C++ readers such as tensorstore).
+"""
+
 import os
+import sys
 import sysconfig
+import tempfile
 
 import pytest
-from absl import logging
+
+_REAL_HOME = os.path.realpath(os.path.expanduser('~'))
+_REAL_CACHE = os.path.join(_REAL_HOME, '.cache', 'loco')
+_TEST_HOME = tempfile.mkdtemp(prefix='loco-test-home-')
+os.environ['HOME'] = _TEST_HOME            # subprocesses started by tests inherit it
+os.environ.pop('LOCO_DATA_DIR', None)
+os.environ.setdefault('MPLCONFIGDIR', os.path.join(_TEST_HOME, '.config', 'matplotlib'))
+
+_touched: list[tuple[str, str]] = []
+_guard_listing = False   # the guard's own listing of the real cache is not a touch
+_AUDITED = {'open', 'os.listdir', 'os.scandir', 'os.mkdir', 'os.rename', 'os.remove',
+            'os.rmdir', 'os.chmod', 'os.utime', 'os.truncate', 'shutil.rmtree',
+            'shutil.copytree', 'shutil.move', 'glob.glob'}
+
+
+def _audit(event: str, args: tuple) -> None:
+  if _guard_listing or event not in _AUDITED or not args:
+    return
+  path = args[0]
+  if isinstance(path, bytes):
+    path = path.decode(errors='replace')
+  if isinstance(path, str) and os.path.abspath(path).startswith(_REAL_CACHE):
+    _touched.append((event, path))
+
+
+def _listing(root: str) -> list[tuple[str, int]]:
+  out = []
+  for dirpath, _, files in os.walk(root):
+    for name in files:
+      path = os.path.join(dirpath, name)
+      try:
+        out.append((path, os.stat(path).st_mtime_ns))
+      except OSError:
+        pass
+  return sorted(out)
+
+
+_BEFORE = _listing(_REAL_CACHE)
+sys.addaudithook(_audit)
+
+from absl import logging  # noqa: E402  (after HOME is redirected)
 
 logging.set_verbosity(logging.WARNING)
 
 
+def pytest_sessionfinish(session, exitstatus):
+  del exitstatus
+  global _guard_listing
+  _guard_listing = True
+  changed = _listing(_REAL_CACHE) != _BEFORE
+  if _touched or changed:
+    what = ', '.join(f'{event} {path}' for event, path in _touched[:5]) or 'its files changed'
+    sys.stderr.write(f'\nconftest guard: a test touched the real {_REAL_CACHE} ({what}); '
+                     'tests must use temporary data dirs and workdirs.\n')
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture(scope='session')
 def small_corpus_glob() -> str:
-  """About 400 KB of real text: the json and email packages of the standard library."""
+  """About 400 KB of real text: the email package of the standard library."""
   stdlib = sysconfig.get_paths()['stdlib']
   return os.path.join(stdlib, 'email', '*.py')
 

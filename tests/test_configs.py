@@ -62,13 +62,15 @@ TFDS_CONFIGS = [n for n in CONFIGS if _get_config(n)[1].data.source == 'tfds']
 
 
 @pytest.mark.parametrize('name', TFDS_CONFIGS)
-def test_tfds_config_reads_mock_data(name):
+def test_tfds_config_reads_mock_data(name, tmp_path):
   import tensorflow_datasets as tfds
   import tensorflow_datasets.text.c4  # noqa: F401  (registers the C4 builder for mocking)
   config = _with_user_paths(_get_config(name)[1])
   exp = train.parse_config(config)
   # The real SentencePiece model is not shipped; bytes keep the pipeline testable.
-  data_cfg = dataclasses.replace(exp.data, tokenizer='bytes', sp_model='')
+  # mock_data serves the examples; the data dir only has to exist (never the user's).
+  data_cfg = dataclasses.replace(exp.data, tokenizer='bytes', sp_model='',
+                                 data_dir=str(tmp_path))
   with tfds.testing.mock_data(num_examples=64, policy=tfds.testing.MockPolicy.USE_CODE):
     it = data_lib.make_train_iterator(data_cfg, num_workers=exp.run.num_workers,
                                       batch_per_worker=2, seq_len=64, seed=0)
