@@ -6,6 +6,7 @@ prepared-corpus cache `~/.cache/loco/tfds`, matplotlib's cache) lands in a throw
 place, as on a new machine. A guard fails the run if anything still touches the real
 `~/.cache/loco`: an audit hook sees every Python-level file access under it, and its
 listing is compared before and after the session (for C++ readers such as tensorstore).
+JAX sees 8 CPU devices, so mesh tests run in-process.
 """
 
 import os
@@ -54,7 +55,12 @@ def _listing(root: str) -> list[tuple[str, int]]:
 _BEFORE = _listing(_REAL_CACHE)
 sys.addaudithook(_audit)
 
-from absl import logging  # noqa: E402  (after HOME is redirected)
+import chex  # noqa: E402  (after HOME is redirected)
+from absl import logging  # noqa: E402
+
+# Eight CPU devices for the mesh tests (chex sets XLA_FLAGS before JAX starts; unused
+# devices cost nothing, and one-device code runs on the first).
+chex.set_n_cpu_devices(8)
 
 logging.set_verbosity(logging.WARNING)
 
