@@ -49,9 +49,34 @@ class MetricsWriter:
 
 
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
-  """The records of a workdir's metrics.jsonl."""
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  """The records of a workdir's metrics.jsonl (lines that are not records are dropped)."""
+  return read_metrics_checked(workdir)[0]
+
+
+def read_metrics_checked(workdir: str) -> tuple[list[dict[str, Any]], str | None]:
+  """(records, problem): the good records of metrics.jsonl and what was wrong, if any.
+
+  A line that is not a JSON object with a `step` (a torn last line after a crash, or a
+  corrupted one) is left out and named in `problem`.
+  """
+  records, bad = [], []
+  with open(os.path.join(workdir, 'metrics.jsonl'), errors='replace') as f:
+    lines = [line for line in f if line.strip()]
+  for number, line in enumerate(lines, 1):
+    try:
+      record = json.loads(line)
+    except ValueError:
+      record = None
+    if isinstance(record, dict) and 'step' in record:
+      records.append(record)
+    else:
+      bad.append(number)
+  if not bad:
+    return records, None
+  if bad == [len(lines)]:
+    return records, f'metrics.jsonl line {bad[0]} (the last) is torn and was left out'
+  return records, (f'metrics.jsonl has {len(bad)} unreadable line(s) (first: line {bad[0]}), '
+                   'left out')
 
 
 class ProgressBar:
