@@ -7,7 +7,10 @@ table has each run's status (finished, incomplete, failed, diverged), final and 
 eval loss, tokens, bytes sent per worker, peak bytes, simulated and wall seconds, and
 the first step / tokens / bytes / simulated seconds at which its eval loss reached the
 target (by default the largest final eval loss among finished runs, so every finished
-run reaches it). It is printed, and written with the plots to OUT/report.md.
+run reaches it). It is printed, and written with the plots to OUT/report.md. A torn
+or corrupted line of a run's metrics.jsonl (a crash mid-write) is left out and listed
+with the problems; paths that hold no run are an error (exit code 1), and nothing is
+written.
 """
 
 import argparse
@@ -18,9 +21,11 @@ import re
 import sys
 from typing import Any, Sequence
 
-from loco.metrics import read_metrics
+from loco.metrics import read_metrics, read_metrics_checked
 
-STATUS = 'status.json'   # written by loco.sweep
+# A run's files that loco.sweep writes (read here and by loco.sweep).
+STATUS = 'status.json'
+LOG = 'log.txt'
 SWEEP = 'sweep.json'
 _DIVERGED = re.compile(r'training loss became|became non-finite')
 
@@ -29,6 +34,30 @@ PLOTS = (('step', 'eval_loss_vs_steps.png', 'inner steps per worker'),
          ('tokens', 'eval_loss_vs_tokens.png', 'training tokens (all workers)'),
          ('bytes_sent', 'eval_loss_vs_bytes_sent.png', 'bytes sent per worker'),
          ('sim_seconds', 'eval_loss_vs_sim_seconds.png', 'simulated seconds'))
+
+
+class ReportError(Exception):
+  """Nothing to report (no runs under the paths); printed as one line."""
+
+
+def read_status(workdir: str) -> dict[str, Any] | None:
+  """A run's status.json, or None if it has none (or it cannot be read)."""
+  return _read_json(os.path.join(workdir, STATUS))
+
+
+def error_line(log_path: str) -> str | None:
+  """The last `loco: error:` line of the latest attempt in a log, else its last line."""
+  try:
+    with open(log_path, errors='replace') as f:
+      lines = [line.rstrip() for line in f]
+  except OSError:
+    return None
+  starts = [i for i, line in enumerate(lines) if line.startswith('==> loco.sweep')]
+  lines = [line for line in lines[starts[-1] + 1 if starts else 0:] if line.strip()]
+  errors = [line for line in lines if line.startswith('loco: error:')]
+  if errors:
+    return errors[-1]
+  return lines[-1].strip() if lines else None
 
 
 def is_workdir(path: str) -> bool:
@@ -58,11 +87,6 @@ def _read_json(path: str) -> dict[str, Any] | None:
     return None
 
 
-def _error_line(workdir: str) -> str | None:
-  from loco.sweep import error_line
-  return error_line(os.path.join(workdir, 'log.txt'))
-
-
 def _finite(x) -> bool:
   return isinstance(x, (int, float)) and math.isfinite(x)
 
@@ -81,15 +105,13 @@ def _names(workdirs: Sequence[str]) -> list[str]:
 def _run(workdir: str, name: str) -> dict[str, Any]:
   """One run's row, without the time-to-target fields."""
   config = (_read_json(os.path.join(workdir, 'config.json')) or {}).get('config', {})
-  status = _read_json(os.path.join(workdir, STATUS))
-  try:
-    records = read_metrics(workdir)
-  except (OSError, ValueError):
-    records = []
+  status = read_status(workdir)
+  records, problem = _metrics(workdir)
   evals = [r for r in records if 'eval_loss' in r]
   last = records[-1] if records else {}
   state = (status or {}).get('state')
-  error = (status or {}).get('error') or (None if state else _error_line(workdir))
+  error = (status or {}).get('error') or (
+      None if state else error_line(os.path.join(workdir, LOG)))
   nonfinite = any(not _finite(r.get(k)) for r in records for k in ('train_loss', 'eval_loss')
                   if k in r)
   steps = config.get('steps')
@@ -112,8 +134,18 @@ def _run(workdir: str, name: str) -> dict[str, Any]:
       best_eval_loss=min(finite_evals) if finite_evals else None,
       tokens=last.get('tokens'), bytes_sent=last.get('bytes_sent'),
       peak_bytes=last.get('peak_bytes'), sim_seconds=last.get('sim_seconds'),
-      wall_seconds=(status or {}).get('seconds'),
+      wall_seconds=(status or {}).get('seconds'), metrics_problem=problem,
       _evals=evals)
+
+
+def _metrics(workdir: str) -> tuple[list[dict[str, Any]], str | None]:
+  """(good records, problem): a torn or corrupted line is left out and named."""
+  try:
+    return read_metrics_checked(workdir)
+  except FileNotFoundError:
+    return [], None
+  except OSError as e:
+    return [], f'metrics.jsonl cannot be read ({e.strerror or e})'
 
 
 def default_target(rows: Sequence[dict[str, Any]]) -> float | None:
@@ -136,7 +168,8 @@ def summarize(workdirs: Sequence[str], target: float | None = None,
     Dicts with keys name, workdir, algorithm, status (finished | incomplete | failed |
     diverged), error, command, step (last logged), steps (configured),
     final_eval_loss, best_eval_loss, tokens, bytes_sent, peak_bytes, sim_seconds,
-    wall_seconds (None if unknown), target (the loss used), and target_step,
+    wall_seconds (None if unknown), metrics_problem (a torn or unreadable line of
+    metrics.jsonl, left out; None if none), target (the loss used), and target_step,
     target_tokens, target_bytes, target_sim_seconds: the values at the first eval
     with eval_loss <= target (None if never reached).
   """
@@ -286,9 +319,14 @@ def _target_line(rows, given: bool) -> str:
 
 
 def _problems(rows) -> list[str]:
-  return [f'`{r["name"]}` ({r["status"]}): '
-          f'{r["error"] or "interrupted or still running; the same command resumes it"}'
-          for r in rows if r['status'] != 'finished']
+  out = []
+  for r in rows:
+    notes = [r['metrics_problem']] if r.get('metrics_problem') else []
+    if r['status'] != 'finished':
+      notes.insert(0, r['error'] or 'interrupted or still running; the same command resumes it')
+    if notes:
+      out.append(f'`{r["name"]}` ({r["status"]}): {"; ".join(notes)}')
+  return out
 
 
 def _collect(paths: Sequence[str]) -> tuple[list[str], list[str], list[dict]]:
@@ -319,9 +357,17 @@ def _collect(paths: Sequence[str]) -> tuple[list[str], list[str], list[dict]]:
 
 def write_report(paths: Sequence[str], out: str | None = None,
                  target: float | None = None, stream=None) -> str:
-  """Summarizes and plots the runs under `paths`; writes OUT/report.md; returns its path."""
+  """Summarizes and plots the runs under `paths`; writes OUT/report.md; returns its path.
+
+  Raises:
+    FileNotFoundError: a path is not a directory.
+    ReportError: there is no run under the paths (nothing is written).
+  """
   stream = stream or sys.stdout
   workdirs, names, missing = _collect(paths)
+  if not workdirs and not missing:
+    raise ReportError(f'no runs found under {", ".join(paths)} (a run is a directory '
+                      'with a config.json or a status.json).')
   if out is None:
     out = paths[0] if not is_workdir(paths[0]) else 'report'
   rows = summarize(workdirs, target, names)
@@ -345,7 +391,8 @@ def write_report(paths: Sequence[str], out: str | None = None,
       lines += [f'![{title}]({os.path.relpath(p, out)})', '']
   else:
     lines += ['No eval loss to plot yet.', '']
-  lines += ['## Failed, diverged, incomplete and unstarted runs', '']
+  lines += ['## Problems: failed, diverged, incomplete and unstarted runs, damaged metrics',
+            '']
   lines += [f'- {p}' for p in problems] or ['None.']
   commands = [(r['name'], r['command']) for r in rows + missing if r.get('command')]
   if commands:
@@ -377,6 +424,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   except FileNotFoundError as e:
     print(f'loco.report: error: {e}', file=sys.stderr)
     return 2
+  except ReportError as e:
+    print(f'loco.report: error: {e}', file=sys.stderr)
+    return 1
   return 0
 
 

@@ -42,9 +42,11 @@ import sys
 import time
 from typing import Any, Iterable, Sequence
 
-STATUS = 'status.json'
-LOG = 'log.txt'
-SWEEP = 'sweep.json'
+from loco import configs
+from loco import report as report_lib
+from loco.errors import LocoError
+from loco.report import LOG, STATUS, SWEEP, error_line, read_status
+
 _NAME = re.compile(r'^[A-Za-z0-9_.,=+-]+(/[A-Za-z0-9_.,=+-]+)*$')
 
 
@@ -165,11 +167,19 @@ def parse_sets(sets: Sequence[str]) -> dict[str, str]:
     key, eq, value = item.partition('=')
     if not eq or not key:
       raise SweepError(f'--set takes KEY=VALUE, got {item!r}.')
-    out[key.removeprefix('config.')] = value
+    key = key.removeprefix('config.')
+    try:
+      configs.parse_value(key, value)
+    except LocoError as e:
+      raise SweepError(f'--set={item}: {e}') from None
+    out[key] = value
   return out
 
 
 def _format(value: Any) -> str:
+  """A value as `loco.main` reads it: floats exactly, lists as `[1,2,1,1]` (no spaces)."""
+  if isinstance(value, (list, tuple)):
+    return '[' + ','.join(repr(x) if isinstance(x, str) else _format(x) for x in value) + ']'
   return repr(value) if isinstance(value, float) else str(value)
 
 
@@ -181,27 +191,17 @@ def command(run: Run, workdir: str, extra: dict[str, Any] | None = None) -> list
 
 
 def load_config(argv: Sequence[str]):
-  """The ConfigDict that `loco.main` would build from `argv` (config file + overrides)."""
-  from absl import flags
-  from ml_collections import config_flags
-  argv = ['loco.main', *argv]
-  values = flags.FlagValues()
-  holder = config_flags.DEFINE_config_file('config', None, '', flag_values=values,
-                                           lock_config=True, sys_argv=argv)
-  flags.DEFINE_string('workdir', None, '', flag_values=values)
-  values(argv)
-  config = holder.value
-  config.keys()
+  """The checked ConfigDict that `loco.main` would build from `argv` (config + overrides).
+
+  Raises:
+    loco.errors.ConfigError: as `loco.main` would report it, in one sentence.
+  """
+  spec, overrides = configs.split_argv(argv)
+  if spec is None:
+    raise SweepError('the command has no --config=FILE.')
+  config = configs.load(spec, overrides)
+  configs.validate(config)
   return config
-
-
-def read_status(workdir: str) -> dict[str, Any] | None:
-  """A run's status.json, or None if it has none (or it cannot be read)."""
-  try:
-    with open(os.path.join(workdir, STATUS)) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return None
 
 
 def _write_json(path: str, data: Any) -> None:
@@ -214,21 +214,6 @@ def _write_json(path: str, data: Any) -> None:
 
 def _now() -> str:
   return datetime.datetime.now().isoformat(timespec='seconds')
-
-
-def error_line(log_path: str) -> str | None:
-  """The last `loco: error:` line of the latest attempt in a log, else its last line."""
-  try:
-    with open(log_path, errors='replace') as f:
-      lines = [line.rstrip() for line in f]
-  except OSError:
-    return None
-  starts = [i for i, line in enumerate(lines) if line.startswith('==> loco.sweep')]
-  lines = [line for line in lines[starts[-1] + 1 if starts else 0:] if line.strip()]
-  errors = [line for line in lines if line.startswith('loco: error:')]
-  if errors:
-    return errors[-1]
-  return lines[-1].strip() if lines else None
 
 
 def _same_command(a: Sequence[str], b: Sequence[str]) -> bool:
@@ -407,7 +392,6 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
   _summary(runs, results, time.time() - t0, out, say)
   if report:
     try:
-      from loco import report as report_lib
       report_lib.write_report([out], stream=stream)
     except Exception as e:  # a report problem must not hide the runs' results
       say(f'loco.sweep: the report failed: {type(e).__name__}: {e}')
@@ -437,25 +421,14 @@ def _dry_run(runs, cmds, plans, width, say) -> int:
     say(f'        python {" ".join(cmds[r.name][1:])}')
     if action != 'skip':
       try:
-        if not os.path.isfile(r.config.split(':')[0]):
-          raise SweepError(f'the config file {r.config.split(":")[0]} does not exist.')
         load_config(cmds[r.name][3:])
-      except Exception as e:  # whatever a config file or an override raises
+      except Exception as e:  # a ConfigError is one sentence, as loco.main prints it
         bad += 1
-        say(f'        error: {_one_line(e)}')
+        say(f'        error: {e}' if isinstance(e, (LocoError, SweepError))
+            else f'        error: {type(e).__name__}: {e}')
   say(f'{len(runs)} runs, {sum(p[0] != "skip" for p in plans.values())} to run'
       f'{f", {bad} with a bad config" if bad else ""} (dry run: nothing was started).')
   return 1 if bad else 0
-
-
-def _one_line(e: Exception) -> str:
-  # As loco.main words it: a config file's own exception line, not the traceback.
-  message = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
-  lines = [line.strip() for line in message.splitlines() if line.strip()]
-  message = lines[-1] if 'Traceback' in message else ' '.join(lines)
-  if isinstance(e, KeyError):
-    message = f'unknown config key {message}'
-  return message or type(e).__name__
 
 
 def _summary(runs, results, seconds, out, say) -> None:

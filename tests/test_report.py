@@ -155,3 +155,51 @@ def test_cli_on_workdirs_with_a_given_target(sweep_dir, tmp_path):
                            cwd=REPO, capture_output=True, text=True, timeout=120)
   assert missing.returncode == 2
   assert missing.stderr.strip() == f'loco.report: error: {tmp_path / "nope"} is not a directory.'
+
+
+def test_cli_on_a_directory_without_runs_fails_and_writes_nothing(tmp_path):
+  """Before: exit code 0 and a report.md of zero runs."""
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  proc = subprocess.run([sys.executable, '-m', 'loco.report', str(empty)],
+                        cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 1
+  assert proc.stderr.splitlines() == [
+      f'loco.report: error: no runs found under {empty} (a run is a directory with a '
+      'config.json or a status.json).']
+  assert os.listdir(empty) == []
+  with pytest.raises(report.ReportError):
+    report.write_report([str(empty)], out=str(tmp_path / 'out'), stream=io.StringIO())
+  assert not os.path.exists(tmp_path / 'out')
+
+
+def test_a_torn_metrics_line_keeps_the_good_rows_and_is_listed(tmp_path):
+  """A crash mid-write: the rows before the torn line count; the report says what was lost."""
+  root = str(tmp_path / 'sweep')
+  path = _workdir(root, 'torn', 'ddp', metrics=_records([3.0, 2.5, 2.2]),
+                  status=dict(state='failed', returncode=1, error='killed'))
+  _workdir(root, 'ok', 'ddp', metrics=_records([3.0, 2.4]),
+           status=dict(state='finished', returncode=0, error=None))
+  with open(os.path.join(path, 'metrics.jsonl'), 'a') as f:
+    f.write('{"step": 35, "tokens": 350')
+  rows = {r['name']: r for r in report.summarize(report.find_workdirs(root))}
+  torn = rows['torn']
+  assert (torn['step'], torn['final_eval_loss'], torn['best_eval_loss']) == (30, 2.2, 2.2)
+  assert torn['metrics_problem'] == 'metrics.jsonl line 7 (the last) is torn and was left out'
+  assert rows['ok']['metrics_problem'] is None
+  text = open(report.write_report([root], stream=io.StringIO())).read()
+  assert ('- `torn` (failed): killed; metrics.jsonl line 7 (the last) is torn and was left '
+          'out') in text
+  assert '`ok`' not in text.split('## Problems')[1].split('## Commands')[0]
+
+
+def test_report_does_not_import_the_sweep_launcher():
+  """loco.sweep uses loco.report; the run-file readers live here, so no import cycle."""
+  import ast
+  tree = ast.parse(open(os.path.join(REPO, 'loco', 'report.py')).read())
+  imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+  imported |= {a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+               for a in node.names}
+  assert not {'loco.sweep', 'sweep'} & imported
+  assert not any(isinstance(node, ast.ImportFrom) and node.module == 'loco'
+                 and any(a.name == 'sweep' for a in node.names) for node in ast.walk(tree))

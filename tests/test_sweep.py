@@ -124,10 +124,37 @@ def test_dry_run_checks_configs_and_starts_nothing(tmp_path, nano_file):
   lines = out.stdout.splitlines()
   assert lines[0].split() == ['start', 'ok']
   assert f'--workdir={tmp_path / "out" / "ok"} --config.steps=3' in lines[1]
-  assert "error: unknown config key 'optimizr'" in out.stdout
-  assert "--config.seed=x: invalid literal for int()" in out.stdout
-  assert 'error: the config file experiments/none.py does not exist.' in out.stdout
+  assert 'error: unknown config key optimizr.lr (did you mean optimizer.lr?)' in out.stdout
+  assert "error: seed must be an integer, got 'x'." in out.stdout
+  assert 'error: no such config file: experiments/none.py' in out.stdout
   assert lines[-1] == '4 runs, 4 to run, 3 with a bad config (dry run: nothing was started).'
+  assert not os.path.exists(tmp_path / 'out')
+
+
+def test_list_values_from_runs_and_set(tmp_path):
+  """Before: lists became '[1, 2, 1, 1]' and config_flags refused list-typed keys."""
+  run = Run('a', 'experiments/tiny_ddp.py', {'network.churn': [[0, 10, 20]],
+                                             'network.profile': 'churn'})
+  cmd = sweep.command(run, 'w', sweep.parse_sets(['network.speeds=[1,2,1,1]']))
+  assert cmd[5:] == ['--config.network.churn=[[0,10,20]]', '--config.network.profile=churn',
+                     '--config.network.speeds=[1,2,1,1]']
+  config = sweep.load_config(cmd[3:])
+  assert (config.network.churn, config.network.speeds) == ([[0, 10, 20]], [1, 2, 1, 1])
+  assert sweep.command(Run('b', 'x.py', {'network.latency_matrix': [[0, 0.5], (0.5, 0)]}),
+                       'w')[-1] == '--config.network.latency_matrix=[[0,0.5],[0.5,0]]'
+
+
+def test_set_checks_keys_and_values_before_anything_runs(tmp_path):
+  with pytest.raises(SweepError, match=r'^--set=optimizr.lr=1: unknown config key '
+                                       r'optimizr.lr \(did you mean optimizer.lr\?\)$'):
+    sweep.parse_sets(['optimizr.lr=1'])
+  with pytest.raises(SweepError, match=r"network.speeds must be a list such as"):
+    sweep.parse_sets(['network.speeds=[1,2'])
+  spec = _spec(tmp_path, "[Run('a', 'experiments/tiny_ddp.py')]")
+  out = _sweep_cli(spec, f'--out={tmp_path / "out"}', '--set=steps=2.5')
+  assert out.returncode == 2
+  assert out.stderr.splitlines() == [
+      "loco.sweep: error: --set=steps=2.5: steps must be an integer, got '2.5'."]
   assert not os.path.exists(tmp_path / 'out')
 
 

@@ -6,6 +6,10 @@ files (`DataConfig.text_glob`) go through the same builder. Each file is one
 document; 5% of the files, chosen by a hash of their relative path, form the
 validation split, so the split is deterministic and disjoint by file.
 
+A matched file whose first 8 KB hold a NUL byte or are not valid UTF-8 is binary:
+it is skipped, with one warning line on stderr that counts the skipped files and
+names the first; a glob that matches only binary files is a DataError.
+
 A prepared corpus lives in `<data_dir>/loco_corpus/<kind>_<key>/<version>/`,
 where `key` hashes the file list (names, sizes, modification times): a changed
 file list gets a fresh dataset instead of silently reusing a stale one. Its
@@ -15,6 +19,7 @@ with the dataset as TFDS metadata.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import dataclasses
 import fcntl
@@ -25,6 +30,7 @@ import logging
 import os
 import platform
 import shutil
+import sys
 import sysconfig
 import tempfile
 import threading
@@ -92,7 +98,13 @@ def stdlib_spec() -> CorpusSpec:
 
 
 def text_spec(pattern: str) -> CorpusSpec:
-  """The files matching `pattern` (`**` recurses); each file is one document."""
+  """The text files matching `pattern` (`**` recurses); each file is one document.
+
+  Binary files among them (`_is_binary`) are skipped with one warning on stderr.
+
+  Raises:
+    DataError: the pattern matches no file, only binary files, or a single text file.
+  """
   paths = sorted({
       os.path.abspath(p)
       for p in glob.glob(os.path.expanduser(pattern), recursive=True)
@@ -100,12 +112,50 @@ def text_spec(pattern: str) -> CorpusSpec:
   })
   if not paths:
     raise errors.DataError(f'data.text_glob {pattern!r} matches no files.')
+  binary = [p for p in paths if _is_binary(p, pattern)]
+  if len(binary) == len(paths):
+    raise errors.DataError(
+        f'data.text_glob {pattern!r} matches only binary files ({len(binary)}, e.g. '
+        f'{binary[0]}: a NUL byte or invalid UTF-8 in the first 8 KB); give it UTF-8 '
+        'text files.')
+  if binary:
+    if (pattern, tuple(binary)) not in _WARNED:   # once, not once per split
+      _WARNED.add((pattern, tuple(binary)))
+      print(f'loco: warning: data.text_glob {pattern!r}: skipped {len(binary)} binary '
+            f'file(s) (a NUL byte or invalid UTF-8 in the first 8 KB), the first '
+            f'{binary[0]}.', file=sys.stderr, flush=True)
+    skipped = set(binary)
+    paths = [p for p in paths if p not in skipped]
   if len(paths) < 2:
     raise errors.DataError(
         f'data.text_glob {pattern!r} matches only {paths[0]}; loco splits '
         'train/validation by file, so give it at least 2 files.')
   root = os.path.commonpath([os.path.dirname(p) for p in paths])
   return _spec('text', root, [os.path.relpath(p, root) for p in paths], pattern)
+
+
+_SNIFF_BYTES = 8192
+_SNIFFED: dict[tuple[str, int, int], bool] = {}   # (path, size, mtime) -> binary
+_WARNED: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def _is_binary(path: str, pattern: str) -> bool:
+  """A NUL byte or invalid UTF-8 in the first 8 KB (a character cut at 8 KB is fine)."""
+  try:
+    st = os.stat(path)
+    key = (path, st.st_size, st.st_mtime_ns)
+    if key not in _SNIFFED:
+      with open(path, 'rb') as f:
+        head = f.read(_SNIFF_BYTES)
+      try:
+        codecs.getincrementaldecoder('utf-8')().decode(head, final=len(head) < _SNIFF_BYTES)
+        _SNIFFED[key] = b'\0' in head
+      except UnicodeDecodeError:
+        _SNIFFED[key] = True
+  except OSError as e:
+    raise errors.DataError(f'data.text_glob {pattern!r} matches {path}, which cannot be '
+                           f'read: {e.strerror or e}.') from None
+  return _SNIFFED[key]
 
 
 def _path_hash(rel: str) -> int:

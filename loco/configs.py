@@ -1,0 +1,445 @@
+"""Config files and overrides: loading them, and checking every key and value.
+
+  config = configs.load('experiments/tiny_diloco.py:local_sgd', {'steps': 20})
+  configs.validate(config)
+
+`load` builds the locked ConfigDict that `python -m loco.main --config=FILE[:VARIANT]
+--config.KEY=VALUE ...` trains; `validate` checks it against experiments/base.py, the
+schema: every key must be one of base.get_config()'s (a misspelled one, from the
+command line or set inside a config file, is named with its nearest valid keys), every
+value must have its key's type (no silent coercion: 2.5 is not an integer, 1 is not
+True), and a number must satisfy its rule in `CONSTRAINTS`. Each mistake is one
+`ConfigError` sentence.
+
+On the command line a value is read by its key's type: integers, numbers, `true` /
+`false`, strings as written, and lists (`network.speeds`, `network.churn`, the link
+matrices) as Python literals, `--config.network.speeds='[1,2,1,1]'`.
+"""
+
+import ast
+import difflib
+import functools
+import importlib.machinery
+import importlib.util
+import math
+import os
+import re
+import traceback
+from typing import Any, Mapping, Sequence
+
+from absl import flags
+from ml_collections import config_dict
+from ml_collections import config_flags
+
+from loco.errors import ConfigError
+
+# Single-key rules on numbers, applied by `validate` to the whole config (a key left
+# None, "the preset's / the paper's default", is not checked). Rules between keys stay
+# where the keys meet: eval.every and checkpoint.every are multiples of log_every
+# (train.RunConfig), seq_len <= model.max_seq_len, topk <= chunk_size (loco.compress),
+# slow_workers <= num_workers (loco.network).
+CONSTRAINTS = {
+    'seed': '>= 0',
+    'num_workers': '>= 1',
+    'steps': '>= 1',
+    'batch_per_worker': '>= 1',
+    'seq_len': '>= 1',
+    'log_every': '>= 1',
+    'model.vocab_size': '>= 1',
+    'model.d_model': '>= 1',
+    'model.num_layers': '>= 1',
+    'model.num_heads': '>= 1',
+    'model.d_ff': '>= 1',
+    'model.max_seq_len': '>= 1',
+    'model.z_loss': '>= 0',
+    'data.read_threads': '>= 0',
+    'optimizer.lr': 'positive',
+    'optimizer.warmup_steps': '>= 0',
+    'optimizer.decay_steps': '>= 1',
+    'optimizer.final_lr_frac': 'in [0, 1]',
+    'optimizer.b1': 'in [0, 1)',
+    'optimizer.b2': 'in [0, 1)',
+    'optimizer.eps': 'positive',
+    'optimizer.weight_decay': '>= 0',
+    'optimizer.clip_norm': '>= 0',
+    'algorithm.sync_every': '>= 1',
+    'algorithm.outer_lr': 'positive',
+    'algorithm.outer_momentum': 'in [0, 1)',
+    'algorithm.gossip_step': 'in (0, 1]',
+    'algorithm.seed': '>= 0',
+    'algorithm.error_decay': 'in [0, 1]',
+    'algorithm.topk': '>= 1',
+    'algorithm.chunk_size': '>= 1',
+    'algorithm.dense_below': '>= 0',
+    'algorithm.num_fragments': '>= 1',
+    'algorithm.layers_per_fragment': '>= 1',
+    'algorithm.overlap_steps': '>= 0',
+    'algorithm.merge_alpha': 'in [0, 1]',
+    'network.step_seconds': 'positive',
+    'network.device_flops': 'positive',
+    'network.mfu': 'in (0, 1]',
+    'network.bandwidth': 'positive',
+    'network.latency': '>= 0',
+    'network.regions': '>= 1',
+    'network.inter_bandwidth': 'positive',
+    'network.inter_latency': '>= 0',
+    'network.sigma': '>= 0',
+    'network.slow_workers': '>= 0',
+    'network.slow_factor': 'positive',
+    'network.straggler_fraction': 'in [0, 1]',
+    'network.straggler_factor': 'positive',
+    'network.dropout': 'in [0, 1)',
+    'network.seed': '>= 0',
+    'eval.batches': '>= 1',
+    'eval.batch_size': '>= 1',
+    'checkpoint.keep': '>= 1',
+    'mesh.workers': '>= 1',
+}
+
+_RULES = {
+    '>= 0': lambda x: x >= 0,
+    '>= 1': lambda x: x >= 1,
+    'positive': lambda x: x > 0,
+    'in [0, 1]': lambda x: 0 <= x <= 1,
+    'in [0, 1)': lambda x: 0 <= x < 1,
+    'in (0, 1]': lambda x: 0 < x <= 1,
+}
+
+_KINDS = {int: 'an integer', float: 'a number', bool: 'true or false', str: 'a string',
+          list: 'a list'}
+_LIST_EXAMPLE = {'network.speeds': '[1, 2, 1, 1]', 'network.churn': '[[0, 10, 20]]',
+                 'network.bandwidth_matrix': '[[0, 1e9], [1e9, 0]]',
+                 'network.latency_matrix': '[[0, 0.01], [0.01, 0]]'}
+_OVERRIDE = re.compile(r'^--?(no)?config\.([^=]*)(=(.*))?$', re.DOTALL)
+_CONFIG_FLAG = re.compile(r'^--?config(=(.*))?$', re.DOTALL)
+
+
+@functools.cache
+def schema() -> dict[str, tuple[type, bool]]:
+  """Every key of experiments/base.py: dotted path -> (type, whether None is allowed)."""
+  from experiments import base
+  out = {}
+
+  def walk(c, prefix):
+    for key in c.keys():
+      value = c[key]
+      if isinstance(value, config_dict.ConfigDict):
+        walk(value, f'{prefix}{key}.')
+      else:
+        out[prefix + key] = (c.get_type(key), value is None)
+
+  walk(base.get_config(), '')
+  unknown = sorted(set(CONSTRAINTS) - set(out))
+  assert not unknown, f'CONSTRAINTS names keys that base.py lacks: {unknown}'
+  return out
+
+
+@functools.cache
+def _sections() -> frozenset[str]:
+  parts = [k.split('.') for k in schema()]
+  return frozenset('.'.join(p[:i]) for p in parts for i in range(1, len(p)))
+
+
+def _children(section: str) -> list[str]:
+  prefix = f'{section}.' if section else ''
+  return sorted({k[len(prefix):].split('.')[0] for k in schema() if k.startswith(prefix)})
+
+
+def _initials(name: str) -> str:
+  return ''.join(word[0] for word in name.split('_') if word)
+
+
+def _unknown(key: str) -> ConfigError:
+  """The error for a key that experiments/base.py does not define, with the nearest ones."""
+  parts = key.split('.')
+  i = 0   # the first part that is not a valid section
+  while i < len(parts) - 1 and '.'.join(parts[:i + 1]) in _sections():
+    i += 1
+  section = '.'.join(parts[:i])
+  if section + ('.' if section else '') + parts[i] in schema() and i < len(parts) - 1:
+    return ConfigError(f'unknown config key {key}: {".".join(parts[:i + 1])} is a value, '
+                       'not a group of keys')
+  siblings = _children(section)
+  names = difflib.get_close_matches(parts[i], siblings, n=3, cutoff=0.6)
+  # Abbreviations difflib misses: learning_rate -> lr, wd -> weight_decay.
+  names += [s for s in siblings
+            if _initials(parts[i]) == s or (len(parts[i]) >= 2 and parts[i] == _initials(s))]
+  tail = parts[i + 1:]
+  # The same name in another section first (`sync_every` -> algorithm.sync_every).
+  found = [k for k in schema() if k.rsplit('.', 1)[-1] == parts[-1]]
+  for name in names:
+    candidate = '.'.join([*parts[:i], name, *tail])
+    if candidate in schema() or (not tail and candidate in _sections()):
+      found.append(candidate)
+  found = found or difflib.get_close_matches(key, list(schema()), n=3, cutoff=0.75)
+  found = list(dict.fromkeys(found))[:3]
+  if found:
+    return ConfigError(f'unknown config key {key} (did you mean {" or ".join(found)}?)')
+  where = f'under {section}' if section else 'at the top level'
+  return ConfigError(f'unknown config key {key} (the keys {where} are: '
+                     f'{", ".join(siblings)})')
+
+
+def _check_key(key: str) -> None:
+  if key in schema():
+    return
+  if key in _sections():
+    raise ConfigError(f'config key {key} is a group of keys; set one of them, e.g. '
+                      f'{key}.{_children(key)[0]}.')
+  raise _unknown(key)
+
+
+def _kind_error(key: str, value: Any) -> ConfigError:
+  kind = schema()[key][0]
+  if kind is list and key in _LIST_EXAMPLE:
+    return ConfigError(f'{key} must be a list such as {_LIST_EXAMPLE[key]}, got {value!r}.')
+  return ConfigError(f'{key} must be {_KINDS.get(kind, kind.__name__)}, got {value!r}.')
+
+
+def _check_value(key: str, value: Any) -> None:
+  """Raises ConfigError unless `value` has `key`'s type (base.py) and meets its rule."""
+  _check_type(key, value)
+  rule = CONSTRAINTS.get(key)
+  if value is not None and rule and not _RULES[rule](value):
+    raise ConfigError(f'{key} must be {rule}, got {value!r}.')
+
+
+def _check_type(key: str, value: Any) -> None:
+  kind, nullable = schema()[key]
+  if value is None:
+    if not nullable:
+      raise _kind_error(key, value)
+    return
+  if kind is float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ok and not math.isfinite(value):
+      raise ConfigError(f'{key} must be a finite number, got {value!r}.')
+  elif kind is int:
+    ok = isinstance(value, int) and not isinstance(value, bool)
+  elif kind is list:
+    ok = isinstance(value, (list, tuple)) and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) for x in _leaves(value))
+  else:
+    ok = isinstance(value, kind)
+  if not ok:
+    raise _kind_error(key, value)
+
+
+def _leaves(value):
+  for x in value:
+    if isinstance(x, (list, tuple)):
+      yield from _leaves(x)
+    else:
+      yield x
+
+
+def parse_value(key: str, text: str) -> Any:
+  """A command-line value of `key` (as after `--config.KEY=`), read by the key's type.
+
+  Raises:
+    ConfigError: `key` is unknown, or `text` is not a value of its type.
+  """
+  _check_key(key)
+  kind = schema()[key][0]
+  try:
+    if kind is bool:
+      if text.lower() not in ('true', 'false'):
+        raise ValueError(text)
+      return text.lower() == 'true'
+    if kind is int:
+      return int(text, 10)
+    if kind is float:
+      return float(text)
+    if kind is list:
+      value = ast.literal_eval(text)
+      if not isinstance(value, (list, tuple)):
+        raise ValueError(text)
+      return _as_lists(value)
+  except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+    raise _kind_error(key, text) from None
+  return text
+
+
+def _as_lists(value):
+  return [_as_lists(x) if isinstance(x, (list, tuple)) else x for x in value]
+
+
+class _ListParser(flags.ArgumentParser):
+  """config_flags' parser for list-valued keys: a Python literal, `[1, 2, 1, 1]`."""
+
+  def parse(self, argument):
+    if not isinstance(argument, str):   # the default: None or the config's list
+      return argument
+    value = ast.literal_eval(argument)
+    if not isinstance(value, (list, tuple)):
+      raise ValueError(f'{argument!r} is not a list.')
+    return _as_lists(value)
+
+  def flag_type(self):
+    return 'list'
+
+
+# loco.main's --config flag applies overrides through config_flags, which has no parser
+# for list-valued keys of its own.
+config_flags.register_flag_parser_for_type(list, _ListParser())
+
+
+def split_argv(argv: Sequence[str]) -> tuple[str | None, dict[str, Any]]:
+  """(config file, overrides) of a `loco.main` command line; other flags are left out.
+
+  Args:
+    argv: the arguments, `['--config=experiments/x.py', '--config.steps=20', ...]`
+      (a leading program name is ignored).
+
+  Returns:
+    The `--config` value (None if absent) and `{key: text}` for every
+    `--config.KEY=VALUE` (the last one wins); `--config.KEY` alone is True and
+    `--noconfig.KEY` False, for true/false keys.
+
+  Raises:
+    ConfigError: an override names an unknown key or has no value.
+  """
+  spec, overrides = None, {}
+  args = list(argv)
+  i = 0
+  while i < len(args):
+    arg = args[i]
+    i += 1
+    if arg == '--':
+      break
+    match = _CONFIG_FLAG.match(arg)
+    if match:
+      if match.group(1) is None and i < len(args):
+        spec, i = args[i], i + 1
+      else:
+        spec = match.group(2)
+      continue
+    match = _OVERRIDE.match(arg)
+    if not match:
+      continue
+    negated, key, has_value, text = match.groups()
+    _check_key(key)
+    is_bool = schema()[key][0] is bool
+    if negated:
+      if has_value or not is_bool:
+        raise ConfigError(f'--noconfig.{key} is only for a true/false key, without a value; '
+                          f'use --config.{key}=VALUE.')
+      overrides[key] = False
+    elif has_value:
+      overrides[key] = text
+    elif is_bool:
+      overrides[key] = True
+    elif i < len(args):
+      overrides[key], i = args[i], i + 1
+    else:
+      raise ConfigError(f'--config.{key} needs a value: --config.{key}=VALUE.')
+  return spec, overrides
+
+
+def load(spec: str, overrides: Mapping[str, Any] | None = None) -> config_dict.ConfigDict:
+  """The locked config of `python -m loco.main --config=SPEC --config.KEY=VALUE ...`.
+
+  Args:
+    spec: a config file, `experiments/x.py`, or `experiments/x.py:variant` (the part
+      after ':' is passed to its `get_config`).
+    overrides: `{key: value}` applied after `get_config()`; a string is read as on the
+      command line (by the key's type), anything else is used as it is.
+
+  Returns:
+    The config, locked. `validate` checks it (keys set by the file, value ranges).
+
+  Raises:
+    ConfigError: the file is missing, does not parse or raises; an override names an
+      unknown key or has a value of the wrong type.
+  """
+  config = _run_config_file(spec)
+  for key, value in (overrides or {}).items():
+    if isinstance(value, str):
+      value = parse_value(key, value)
+    else:
+      _check_key(key)
+      if isinstance(value, tuple):
+        value = _as_lists(value)
+      _check_type(key, value)
+    *sections, leaf = key.split('.')
+    node = config
+    try:
+      for name in sections:
+        node = node[name]
+      node[leaf] = value
+    except (KeyError, AttributeError):
+      raise _unknown(key) from None
+    except TypeError:   # the config file gave the key another type
+      raise _kind_error(key, value) from None
+  config.lock()
+  return config
+
+
+def _run_config_file(spec: str) -> config_dict.ConfigDict:
+  path, *variant = spec.split(':', 1)
+  if not os.path.isfile(path):
+    raise ConfigError(f'no such config file: {path}')
+  loader = importlib.machinery.SourceFileLoader('loco_config_file', path)
+  module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
+  try:
+    loader.exec_module(module)
+    if not callable(getattr(module, 'get_config', None)):
+      raise ConfigError(f'{path} does not define get_config().')
+    config = module.get_config(*variant)
+  except ConfigError:
+    raise
+  except SyntaxError as e:
+    raise ConfigError(f'{_shown(e.filename or path)} line {e.lineno}: {e.msg}') from None
+  except Exception as e:  # the config file's own error, as one line
+    raise ConfigError(_raised(path, e)) from None
+  if not isinstance(config, config_dict.ConfigDict):
+    raise ConfigError(f'get_config() of {path} must return a ConfigDict (start from '
+                      f'experiments/base.py), got {type(config).__name__}.')
+  return config
+
+
+def _shown(path: str) -> str:
+  rel = os.path.relpath(path)
+  return path if rel.startswith('..') else rel
+
+
+def _raised(path: str, e: Exception) -> str:
+  """`FILE line N: Type: message` for an exception raised by a config file."""
+  line = ''
+  for frame in traceback.extract_tb(e.__traceback__):
+    if os.path.abspath(frame.filename) == os.path.abspath(path):
+      line = f' line {frame.lineno}'
+  message = ' '.join(part.strip() for part in str(e).splitlines() if part.strip())
+  return f'{path}{line}: {type(e).__name__}' + (f': {message}' if message else '')
+
+
+def validate(config: config_dict.ConfigDict) -> None:
+  """Checks every key and value of `config` against experiments/base.py and CONSTRAINTS.
+
+  Raises:
+    ConfigError: one sentence for the first unknown key (with the nearest valid ones),
+      missing key, value of the wrong type, or number outside its rule.
+  """
+  present = {}
+
+  def walk(c, prefix):
+    for key in c.keys():
+      value = c[key]
+      path = prefix + key
+      if isinstance(value, config_dict.ConfigDict) and path not in schema():
+        if path not in _sections():
+          raise _unknown(path)
+        walk(value, path + '.')
+      elif path in _sections():
+        raise ConfigError(f'config key {path} must be a group of keys, got {value!r}.')
+      elif path not in schema():
+        raise _unknown(path)
+      else:
+        present[path] = value
+
+  walk(config, '')
+  for key in schema():
+    if key not in present:
+      raise ConfigError(f'config key {key} is missing; start the config from '
+                        'experiments/base.py, which defines every key.')
+    _check_value(key, present[key])
