@@ -27,20 +27,17 @@ _PROCESS_ID = flags.DEFINE_integer(
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)   # orbax and tfds are chatty at INFO
+  from loco import configs
+  from loco.errors import LocoError
+  config = _CONFIG.value   # _parse_flags checked that the file and overrides load
+  try:
+    configs.validate(config)   # keys, types and ranges, before any process waits
+  except LocoError as e:
+    print(f'loco: error: {e}', file=sys.stderr)
+    sys.exit(1)
   if _DISTRIBUTED.value:   # before anything touches a JAX backend
     _initialize_distributed()
   from loco import train
-  from loco.errors import LocoError
-  path = config_flags.get_config_filename(flags.FLAGS['config']).split(':')[0]
-  if not os.path.isfile(path):
-    print(f'loco: error: the config file {path} does not exist.', file=sys.stderr)
-    sys.exit(2)
-  try:
-    config = _CONFIG.value
-    config.keys()   # the config file is loaded lazily; make it fail here
-  except OSError as e:
-    print(f'loco: error: {str(e).splitlines()[0]} ({path}).', file=sys.stderr)
-    sys.exit(2)
   workdir = _WORKDIR.value or f'runs/{_config_name()}'
   try:
     record = train.run(config, workdir)
@@ -65,17 +62,27 @@ def _config_name() -> str:
 
 
 def _parse_flags(argv):
-  """Parses flags; a bad flag or config override is one line on stderr, exit code 2."""
+  """Parses flags; a bad flag, config file or override is one line on stderr, exit code 2.
+
+  loco.configs loads the config file with its overrides first, so that a missing or
+  broken file, an unknown key (with the nearest valid ones) or a malformed value reads
+  as one sentence; the --config flag then builds the same config.
+  """
+  from loco import configs   # also gives config_flags a parser for list-valued keys
+  from loco.errors import ConfigError
   try:
+    spec, overrides = configs.split_argv(argv[1:])
+    if spec is not None:
+      configs.load(spec, overrides)
+    elif overrides:
+      raise ConfigError('--config.KEY=VALUE needs a config file: --config=FILE.')
     return flags.FLAGS(argv)
-  except Exception as e:  # config_flags raises KeyError/TypeError/ValueError for overrides
-    message = e.args[0] if e.args and isinstance(e.args[0], str) else str(e)
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    # A config file that raised: keep its own exception line, not the traceback.
-    message = lines[-1] if 'Traceback' in message else ' '.join(lines)
-    if isinstance(e, KeyError):
-      message = f'unknown config key {message}'
-    print(f'loco: error: {message}', file=sys.stderr)
+  except ConfigError as e:
+    print(f'loco: error: {e}', file=sys.stderr)
+    sys.exit(2)
+  except Exception as e:  # absl's own: an unknown flag, a flag without its value
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    print(f'loco: error: {" ".join(lines) or type(e).__name__}', file=sys.stderr)
     sys.exit(2)
 
 
