@@ -1,68 +1,140 @@
-"""Checkpoints of the train state, the data iterator and host-side counters (orbax).
+"""Checkpoints: the named train state, the data iterator and host counters (orbax).
 
-The train state is saved as its flat list of leaves and restored into the tree of a
-freshly initialised state, so any algorithm's state (NamedTuples, optax states, None
-fields) round-trips without orbax knowing its structure, and a config change that
-alters the state's shape is caught with a clear message.
+Each checkpoint `<workdir>/checkpoints/<step>/` is an orbax Composite of three standard
+items, readable with orbax alone:
+
+  state   StandardSave of the train state as a nested dict named by its fields
+          (`params/blocks/0/attn/qkv`, `inner_state/0/mu/...`, `anchor/...`): NamedTuple
+          fields and dict keys keep their names, sequence items their index, and empty
+          nodes (None, optax's EmptyState) are left out.
+  data    JsonSave of the data iterator's state (loco.data.TrainIterator.get_state()).
+  host    JsonSave of host-side counters (tokens, bytes, the clock).
+
+  ocp.CheckpointManager(dir, item_names=('state', 'data', 'host')).restore(step)
+
+Saves are asynchronous: `save` returns once the arrays are copied off the devices and
+orbax writes and commits in the background (a step directory appears only when it is
+complete). `wait()` blocks until the last save is committed and raises its error.
 """
 
+import contextlib
 import os
+import re
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 
 from loco.errors import CheckpointError
 
 PyTree = Any
+ITEMS = ('state', 'data', 'host')
+
+
+def _key_name(entry) -> str:
+  for attr in ('name', 'key', 'idx'):
+    if hasattr(entry, attr):
+      return str(getattr(entry, attr))
+  return str(entry)
+
+
+def named(tree: PyTree) -> dict[str, Any]:
+  """The leaves of `tree` as a nested dict keyed by field names and indices."""
+  out: dict[str, Any] = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    node = out
+    keys = [_key_name(p) for p in path]
+    for key in keys[:-1]:
+      node = node.setdefault(key, {})
+    node[keys[-1]] = leaf
+  return out
+
+
+def _paths(tree: PyTree) -> list[tuple[str, ...]]:
+  return [tuple(_key_name(p) for p in path)
+          for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+
+
+def _lookup(tree: dict[str, Any], path: tuple[str, ...]):
+  for key in path:
+    tree = tree[key]
+  return tree
 
 
 class Checkpointer:
-  """An orbax CheckpointManager over (state leaves, data iterator state, host state)."""
+  """An orbax CheckpointManager over (named state, data iterator state, host state)."""
 
   def __init__(self, directory: str, keep: int = 2):
     self.directory = os.path.abspath(directory)
-    options = ocp.CheckpointManagerOptions(max_to_keep=max(1, keep), create=True)
-    self._manager = ocp.CheckpointManager(
-        self.directory, options=options, item_names=('state', 'data', 'host'))
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                           enable_async_checkpointing=True)
+    self._manager = ocp.CheckpointManager(self.directory, options=options,
+                                          item_names=ITEMS)
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
   def save(self, step: int, state: PyTree, data_state: dict, host_state: dict) -> None:
-    leaves = {f'{i:05d}': x for i, x in enumerate(jax.tree.leaves(state))}
-    self._manager.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(leaves),
-        data=ocp.args.JsonSave(data_state),
-        host=ocp.args.JsonSave(host_state)))
-    self._manager.wait_until_finished()
+    """Starts saving checkpoint `step`; returns once the arrays are off the devices.
+
+    Raises OSError (a full disk, ...) or CheckpointError if this save or the previous
+    one (still in flight) failed; the last committed checkpoint stays as it was.
+    """
+    with self._saving():
+      self._manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave(named(state)),
+          data=ocp.args.JsonSave(data_state),
+          host=ocp.args.JsonSave(host_state)))
+
+  def wait(self) -> None:
+    """Blocks until the last save is committed; raises its error if it failed."""
+    with self._saving():
+      self._manager.wait_until_finished()
+
+  @contextlib.contextmanager
+  def _saving(self):
+    # Orbax reports a failed background write (tensorstore's ENOSPC, EROFS, ...) as a
+    # ValueError with the OS error code in its text; give it back as an OSError.
+    try:
+      yield
+    except (OSError, CheckpointError):
+      raise
+    except Exception as e:  # pylint: disable=broad-except
+      code = re.search(r"os_error_code='?(\d+)", str(e))
+      if code:
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))),
+                      self.directory) from e
+      first = (str(e).strip().splitlines() or [''])[0][:300]
+      raise CheckpointError(f'saving a checkpoint in {self.directory} failed '
+                            f'({type(e).__name__}: {first}).') from e
 
   def restore(self, step: int, like: PyTree) -> tuple[PyTree, dict, dict]:
     """Restores checkpoint `step` into the structure (and shardings) of `like`."""
-    leaves, treedef = jax.tree.flatten(like)
-    abstract = {f'{i:05d}': jax.ShapeDtypeStruct(x.shape, x.dtype,
-                                                  sharding=getattr(x, 'sharding', None))
-                for i, x in enumerate(leaves)}
     path = os.path.join(self.directory, str(step))
+    abstract = named(jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, 'sharding', None)),
+        like))
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract),
           data=ocp.args.JsonRestore(),
           host=ocp.args.JsonRestore()))
-    except Exception as e:  # orbax raises many types for unreadable files.
+      leaves = [_lookup(restored['state'], p) for p in _paths(like)]
+    except Exception as e:  # orbax raises many types for unreadable or mismatched files.
+      first = (str(e).strip().splitlines() or [''])[0][:200]
       raise CheckpointError(
-          f'the checkpoint at {path} cannot be read ({type(e).__name__}: '
-          f'{str(e).splitlines()[0][:200]}); move it away to resume from an earlier '
-          'one, or use a new workdir.') from e
-    got = restored['state']
-    if len(got) != len(leaves) or any(
-        np.shape(got[k]) != a.shape for k, a in abstract.items()):
-      raise CheckpointError(
-          f'the checkpoint at {path} does not match this config (different model, '
-          'algorithm or worker count); use a new workdir.')
-    state = jax.tree.unflatten(treedef, [got[f'{i:05d}'] for i in range(len(leaves))])
+          f'the checkpoint at {path} cannot be read into this run\'s state '
+          f'({type(e).__name__}: {first}); move it away to resume from an earlier one, '
+          'or use a new workdir.') from e
+    if any(getattr(x, 'shape', None) != y.shape for x, y in zip(leaves, jax.tree.leaves(like))):
+      raise CheckpointError(f'the checkpoint at {path} does not match this run\'s state '
+                            '(model, algorithm or worker count differ); use a new workdir.')
+    state = jax.tree.unflatten(jax.tree.structure(like), leaves)
     return state, dict(restored['data']), dict(restored['host'])
 
   def close(self) -> None:
-    self._manager.close()
+    """Waits for the last save, then releases orbax's threads."""
+    try:
+      self.wait()
+    finally:
+      self._manager.close()

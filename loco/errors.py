@@ -18,4 +18,12 @@ class CheckpointError(LocoError):
 
 
 class DivergenceError(LocoError):
-  """The training loss became NaN or infinite."""
+  """The training loss became NaN or infinite, or the model exploded."""
+
+
+class WorkdirError(LocoError):
+  """The workdir cannot be used: busy, unwritable, or holding an incompatible run."""
+
+
+class Interrupted(LocoError):
+  """The run was stopped by Ctrl-C or SIGTERM; the same command resumes it."""

@@ -1,7 +1,11 @@
 """Entry point: python -m loco.main --config=experiments/tiny_gasloc.py --workdir=runs/x."""
 
+import logging as py_logging
 import os
+import signal
 import sys
+import threading
+import traceback
 
 from absl import app
 from absl import logging
@@ -28,7 +32,7 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)   # orbax and tfds are chatty at INFO
   from loco import configs
-  from loco.errors import LocoError
+  from loco.errors import Interrupted, LocoError
   config = _CONFIG.value   # _parse_flags checked that the file and overrides load
   try:
     configs.validate(config)   # keys, types and ranges, before any process waits
@@ -39,12 +43,45 @@ def main(argv):
     _initialize_distributed()
   from loco import train
   workdir = _WORKDIR.value or f'runs/{_config_name()}'
+  # SIGTERM (a scheduler, loco.sweep stopping) stops the run like Ctrl-C.
+  signal.signal(signal.SIGTERM, _interrupt)
+  _quiet_background_checkpoint_errors()
   try:
     record = train.run(config, workdir)
+  except Interrupted as e:
+    print(f'loco: stopped: {e}', file=sys.stderr)
+    sys.exit(130)
   except LocoError as e:
     print(f'loco: error: {e}', file=sys.stderr)
     sys.exit(1)
   train.print_summary(config, workdir, record)
+
+
+def _quiet_background_checkpoint_errors() -> None:
+  """Orbax re-raises a failed background save in the main thread, which loco prints as
+  one line; the tracebacks its worker threads print and log first are noise."""
+  default = threading.excepthook
+
+  def hook(args):
+    if '/orbax/' not in ''.join(traceback.format_tb(args.exc_traceback)):
+      default(args)
+
+  threading.excepthook = hook
+  default_unraisable = sys.unraisablehook
+
+  def unraisable(args):   # tensorstore callbacks into orbax's closed event loop
+    if not (isinstance(args.exc_value, RuntimeError)
+            and 'Event loop is closed' in str(args.exc_value)):
+      default_unraisable(args)
+
+  sys.unraisablehook = unraisable
+  logging.get_absl_logger().addFilter(
+      lambda record: not ('/orbax/' in record.pathname and record.levelno >= py_logging.ERROR))
+
+
+def _interrupt(signum, frame):
+  del signum, frame
+  raise KeyboardInterrupt
 
 
 def _initialize_distributed() -> None:

@@ -13,34 +13,55 @@ TIMING_KEYS = ('tokens_per_second', 'wall_seconds')
 
 
 class MetricsWriter:
-  """Appends one JSON object per log step to metrics.jsonl and mirrors scalars to TensorBoard."""
+  """Appends one JSON object per log step to metrics.jsonl and mirrors scalars to TensorBoard.
 
-  def __init__(self, workdir: str, resume_step: int = 0, tensorboard: bool = True):
+  Every write is flushed before it returns, and TensorBoard events are written
+  synchronously: an OS error (a full disk, a read-only file system) surfaces in `write`
+  as an OSError instead of killing a background thread and blocking the run.
+  """
+
+  def __init__(self, workdir: str, resume_step: int = 0, tensorboard: bool = True,
+               note=None):
     self.path = os.path.join(workdir, 'metrics.jsonl')
-    self._truncate_after(resume_step)
+    self._truncate_after(resume_step, note or (lambda message: None))
     self._file = open(self.path, 'a')
     self._tb = None
     if tensorboard:
-      from tensorboardX import SummaryWriter  # writes event files without TensorFlow
-      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'))
+      from tensorboardX.event_file_writer import EventsWriter  # no TensorFlow needed
+      directory = os.path.join(workdir, 'tensorboard')
+      os.makedirs(directory, exist_ok=True)
+      self._tb = EventsWriter(os.path.join(directory, 'events'))
 
-  def _truncate_after(self, step: int) -> None:
+  def _truncate_after(self, step: int, note) -> None:
     # A resumed run redoes the steps after its checkpoint; drop their old lines so the
-    # file reads as one uninterrupted run.
+    # file reads as one uninterrupted run. Write-then-rename: a crash leaves either file.
     if not os.path.exists(self.path):
       return
-    with open(self.path) as f:
-      kept = [line for line in f if line.strip() and json.loads(line)['step'] <= step]
-    with open(self.path, 'w') as f:
-      f.writelines(kept)
+    records, problem = read_metrics_checked(os.path.dirname(self.path))
+    if problem:
+      note(f'{problem} (a crash while writing it); the run goes on without it.')
+    kept = [r for r in records if r['step'] <= step]
+    tmp = self.path + '.tmp'
+    with open(tmp, 'w') as f:
+      f.writelines(json.dumps(r) + '\n' for r in kept)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, self.path)
 
   def write(self, record: dict[str, Any]) -> None:
     self._file.write(json.dumps(record) + '\n')
     self._file.flush()
+    os.fsync(self._file.fileno())
     if self._tb is not None:
-      for key, value in record.items():
-        if key != 'step' and isinstance(value, (int, float)) and math.isfinite(value):
-          self._tb.add_scalar(key, value, record['step'])
+      from tensorboardX import summary
+      from tensorboardX.proto import event_pb2
+      values = [summary.scalar(key, value).value[0] for key, value in record.items()
+                if key != 'step' and isinstance(value, (int, float))
+                and not isinstance(value, bool) and math.isfinite(value)]
+      self._tb.write_event(event_pb2.Event(
+          wall_time=time.time(), step=int(record['step']),
+          summary=summary.Summary(value=values)))
+      self._tb.flush()
 
   def close(self) -> None:
     self._file.close()
@@ -88,16 +109,25 @@ class ProgressBar:
     self.enabled = enabled
     self.stream = stream or sys.stderr
     self.tty = getattr(self.stream, 'isatty', lambda: False)()
-    self.t0 = time.time()
+    self._first: tuple[int, float] | None = None   # (step, time) of the first update
     self._last_plain = 0.0
 
   def update(self, step: int, loss: float, tokens_per_second: float,
-             eval_loss: float | None = None) -> None:
+             eval_loss: float | None = None, step_seconds: float | None = None) -> None:
+    """Shows one update; `step_seconds` (the last chunk's, compilation excluded) gives
+    the ETA until there are two updates to measure from."""
     if not self.enabled:
       return
-    done = step - self.start
-    elapsed = time.time() - self.t0
-    eta = elapsed / done * (self.total - step) if done > 0 else float('nan')
+    now = time.time()
+    if self._first is None:
+      self._first = (step, now)
+    first_step, first_time = self._first
+    if step > first_step:
+      eta = (now - first_time) / (step - first_step) * (self.total - step)
+    elif step_seconds is not None:
+      eta = step_seconds * (self.total - step)
+    else:
+      eta = float('nan')
     frac = step / max(1, self.total)
     bar = '#' * int(20 * frac) + '-' * (20 - int(20 * frac))
     text = (f'[{bar}] step {step}/{self.total}  loss {loss:.3f}  '

@@ -22,12 +22,13 @@ import sys
 from typing import Any, Sequence
 
 from loco.metrics import read_metrics, read_metrics_checked
+from loco.workdir import DIVERGED
 
 # A run's files that loco.sweep writes (read here and by loco.sweep).
 STATUS = 'status.json'
 LOG = 'log.txt'
 SWEEP = 'sweep.json'
-_DIVERGED = re.compile(r'training loss became|became non-finite')
+_DIVERGED = re.compile(r'training loss became|became non-finite|model exploded')
 
 # (metrics key, file name, axis label) of each plot.
 PLOTS = (('step', 'eval_loss_vs_steps.png', 'inner steps per worker'),
@@ -114,8 +115,11 @@ def _run(workdir: str, name: str) -> dict[str, Any]:
       None if state else error_line(os.path.join(workdir, LOG)))
   nonfinite = any(not _finite(r.get(k)) for r in records for k in ('train_loss', 'eval_loss')
                   if k in r)
+  diverged = _read_json(os.path.join(workdir, DIVERGED))    # written by loco.train
+  if diverged:
+    error = diverged.get('message') or error
   steps = config.get('steps')
-  if nonfinite or (error and _DIVERGED.search(error) and state != 'finished'):
+  if diverged or nonfinite or (error and _DIVERGED.search(error) and state != 'finished'):
     result = 'diverged'
   elif state == 'finished' or (state is None and steps and last.get('step', 0) >= steps):
     result = 'finished'

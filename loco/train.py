@@ -8,9 +8,8 @@ finite before the state is written.
 
 import dataclasses
 import functools
-import json
 import math
-import os
+import sys
 import time
 from typing import Any
 
@@ -20,6 +19,7 @@ import ml_collections
 import numpy as np
 
 from loco import algorithms
+from loco import configs
 from loco import data as data_lib
 from loco import model as model_lib
 from loco import network as network_lib
@@ -28,7 +28,8 @@ from loco import timeline as timeline_lib
 from loco import workers
 from loco.checkpoint import Checkpointer
 from loco.engine import Algorithm, LocoState
-from loco.errors import ConfigError, DivergenceError
+from loco import workdir as workdir_lib
+from loco.errors import ConfigError, DivergenceError, Interrupted, WorkdirError
 from loco.metrics import MetricsWriter, ProgressBar
 
 
@@ -91,6 +92,7 @@ def _set(d) -> dict[str, Any]:
 
 def parse_config(config: ml_collections.ConfigDict) -> Experiment:
   """Converts a ConfigDict into typed settings, with one clear error per bad value."""
+  configs.validate(config)   # every key, type and range against experiments/base.py
   c = config
   run = RunConfig(
       seed=c.seed, num_workers=c.num_workers, steps=c.steps,
@@ -127,21 +129,54 @@ def build_algorithm(exp: Experiment, mesh=None) -> Algorithm:
 
 def make_train_chunk(algorithm: Algorithm, model_cfg, graphdef, mesh=None,
                      grad_mode: str = 'auto'):
-  """A jitted function scanning steps of (per-worker value_and_grad -> algorithm.step)."""
+  """A jitted function scanning steps of (per-worker value_and_grad -> algorithm.step).
+
+  Every chunk has the same length K (the last one is padded, its extra steps masked
+  out by `valid`), so the chunk compiles once per run.
+  """
   loss_and_grad = jax.value_and_grad(
       functools.partial(model_lib.loss_fn, model_cfg, graphdef), has_aux=True)
   per_worker = workers.map_workers(loss_and_grad, grad_mode, mesh)
 
-  def train_chunk(state: LocoState, batches_KxMxBxL: jax.Array, contexts=None):
+  def one_step(state, batch_MxBxL, ctx):
+    (_, aux), grads = per_worker(state.params, batch_MxBxL)
+    state, info = algorithm.step(state, grads, ctx)
+    return state, (aux['ce'], info)
+
+  def train_chunk(state: LocoState, batches_KxMxBxL: jax.Array, contexts, valid_K):
     """Scans the K steps; `contexts` is None or a StepContext of [K, ...] arrays."""
     def body(state, xs):
-      batch_MxBxL, ctx = xs
-      (_, aux), grads = per_worker(state.params, batch_MxBxL)
-      state, info = algorithm.step(state, grads, ctx)
-      return state, (aux['ce'], info)
-    return jax.lax.scan(body, state, (batches_KxMxBxL, contexts))
+      batch_MxBxL, ctx, valid = xs
+      out_shape = jax.eval_shape(one_step, state, batch_MxBxL, ctx)[1]
+      skip = lambda state, *_: (state, jax.tree.map(
+          lambda s: jnp.zeros(s.shape, s.dtype), out_shape))
+      return jax.lax.cond(valid, one_step, skip, state, batch_MxBxL, ctx)
+    return jax.lax.scan(body, state, (batches_KxMxBxL, contexts, valid_K))
 
   return jax.jit(train_chunk, donate_argnums=0)
+
+
+def init_state(exp: Experiment, algorithm: Algorithm, key: jax.Array):
+  """(graphdef, state): the model's structure and the algorithm's state, in one jit.
+
+  Jitted outputs never share buffers, so the state can be donated even where an init
+  aliases (an anchor or an auxiliary variable equal to the params).
+  """
+  params_key, alg_key = jax.random.split(key)
+  graphdef = jax.eval_shape(functools.partial(model_lib.init_params, exp.model),
+                            params_key)[0]
+  init = lambda k1, k2: algorithm.init(model_lib.init_params(exp.model, k1)[1],
+                                       exp.run.num_workers, k2)
+  return graphdef, jax.jit(init)(params_key, alg_key)
+
+
+def _pad_steps(tree, length: int):
+  """Pads the leading (steps) axis of every leaf to `length` by repeating the last row."""
+  def pad(x):
+    x = np.asarray(x)
+    extra = length - x.shape[0]
+    return x if extra == 0 else np.concatenate([x, np.repeat(x[-1:], extra, axis=0)])
+  return jax.tree.map(pad, tree)
 
 
 def make_evaluator(model_cfg, graphdef, per_worker: bool):
@@ -180,6 +215,7 @@ class _Counters:
     self.bytes_received = float(d.get('bytes_received', 0.0))
     self.peak_bytes = float(d.get('peak_bytes', 0.0))
     self.syncs = float(d.get('syncs', 0.0))
+    self.best_loss = float(d.get('best_loss', math.inf))
 
   def add(self, info, tokens: int) -> None:
     sent = np.asarray(info.bytes_sent, np.float64)        # [K, M]
@@ -192,32 +228,134 @@ class _Counters:
   def as_dict(self) -> dict:
     return dict(tokens=self.tokens, bytes_sent=self.bytes_sent,
                 bytes_received=self.bytes_received, peak_bytes=self.peak_bytes,
-                syncs=self.syncs, timeline=self.timeline)
+                syncs=self.syncs, best_loss=self.best_loss, timeline=self.timeline)
 
 
-def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
-  """Trains (or resumes) the experiment in `workdir`; returns the last metrics record."""
+# The divergence rule: a run has diverged when a step's mean training loss is not
+# finite, or when, after the run has learned something (its best loss is LEARNED_MARGIN
+# nats below ln V, the loss of uniform guessing over the vocabulary), a step's loss is
+# back within UNIFORM_MARGIN of ln V or above (the model exploded: its predictions are
+# no better than uniform, whatever its parameters). No checkpoint is written after it.
+LEARNED_MARGIN = 0.5
+UNIFORM_MARGIN = 0.01
+
+
+def check_losses(losses_KxM: np.ndarray, first_step: int, best: float,
+                 vocab_size: int) -> tuple[float, int | None, str | None]:
+  """(best loss so far, None, None), or (best, the step, why) if the run diverged."""
+  uniform = math.log(vocab_size)
+  for i, row in enumerate(np.asarray(losses_KxM, np.float64)):
+    loss, step = float(row.mean()), first_step + i
+    if not np.all(np.isfinite(row)):
+      return best, step, f'the training loss became {loss} at step {step}'
+    if best < uniform - LEARNED_MARGIN and loss >= uniform - UNIFORM_MARGIN:
+      return best, step, (f'the training loss rose to {loss:.3f} at step {step}, no '
+                          f'better than uniform guessing (ln V = {uniform:.3f}) after '
+                          f'reaching {best:.3f}: the model exploded')
+    best = min(best, loss)
+  return best, None, None
+
+
+def run(config: ml_collections.ConfigDict, workdir: str, *,
+        timings: dict[str, float] | None = None) -> dict[str, Any]:
+  """Trains (or resumes) the experiment in `workdir`; returns the last metrics record.
+
+  Everything a user can cause ends in one `LocoError` (a config, data, workdir or
+  checkpoint problem, divergence, Ctrl-C / SIGTERM) and never loses a committed
+  checkpoint. A workdir holds one run at a time (a lock); resuming needs the same
+  config (only `steps` may grow); a finished run returns its last record.
+
+  Args:
+    config: the experiment's ConfigDict (experiments/base.py).
+    workdir: the run directory.
+    timings: if given, filled with seconds per start-up phase (config, init, data,
+      restore, compile, first_chunk).
+  """
+  clock = _Phases(timings)
   exp = parse_config(config)
   r = exp.run
-  os.makedirs(workdir, exist_ok=True)
   mesh = workers.make_mesh(r.mesh_workers, r.num_workers)
   algorithm = build_algorithm(exp, mesh)
+  clock.lap('config')
+  is_main = jax.process_index() == 0
+  with workdir_lib.Workdir(workdir, lock=is_main) as wd:
+    checkpointer = None
+    try:
+      checkpointer = Checkpointer(wd.file('checkpoints'), r.checkpoint_keep)
+      return _train(wd, config, exp, algorithm, mesh, checkpointer, is_main, clock)
+    except OSError as e:
+      raise WorkdirError(f'{_os_error(e)}; {_kept(checkpointer, wd.path)}: fix it and '
+                         'the same command resumes.') from e
+    except KeyboardInterrupt:
+      at = f' after step {clock.step}' if clock.step is not None else ' while starting'
+      raise Interrupted(f'interrupted{at}; {_kept(checkpointer, wd.path)}: the same '
+                        'command resumes from it.') from None
+    finally:
+      if checkpointer is not None:
+        _close_quietly(checkpointer)
 
-  key = jax.random.PRNGKey(r.seed)
-  params_key, alg_key = jax.random.split(key)
-  graphdef, params = model_lib.init_params(exp.model, params_key)
-  state = algorithm.init(params, r.num_workers, alg_key)
-  # The chunk donates the state: give every leaf its own buffer, since an init may
-  # legitimately alias (an anchor or an auxiliary variable equal to the params).
-  state = workers.shard_state(jax.tree.map(jnp.copy, state), mesh)
 
-  train_data = data_lib.make_train_iterator(
-      exp.data, num_workers=r.num_workers, batch_per_worker=r.batch_per_worker,
-      seq_len=r.seq_len, seed=r.seed)
-  eval_batches = jnp.asarray(data_lib.make_eval_batches(
-      exp.data, batch_size=r.eval_batch_size, seq_len=r.seq_len,
-      num_batches=r.eval_batches))
+class _Phases:
+  """Wall seconds of the start-up phases (into a caller's dict), and the step reached."""
 
+  def __init__(self, out: dict[str, float] | None):
+    self.out = out
+    self.t = time.perf_counter()
+    self.step: int | None = None    # the last step whose results are in, for messages
+
+  def wants(self, name: str) -> bool:
+    return self.out is not None and name not in self.out
+
+  def lap(self, name: str) -> None:
+    now = time.perf_counter()
+    if self.out is not None:
+      self.out[name] = self.out.get(name, 0.0) + now - self.t
+    self.t = now
+
+
+def _os_error(e: OSError) -> str:
+  where = f' ({e.filename})' if e.filename else ''
+  return f'{e.strerror or e}{where}'
+
+
+def _kept(checkpointer: Checkpointer | None, path: str) -> str:
+  """Names the newest committed checkpoint, after an in-flight save commits or fails."""
+  step = None
+  if checkpointer is not None:
+    try:
+      checkpointer.wait()
+    except Exception:  # a failed save: the newest committed one is what is kept
+      pass
+    try:
+      step = checkpointer.latest_step()
+    except Exception:  # the checkpoint dir itself may be unreadable
+      step = None
+  if step:
+    return f'the last good checkpoint (step {step}) is kept in {path}'
+  return f'no checkpoint was written in {path} yet'
+
+
+def _close_quietly(checkpointer: Checkpointer) -> None:
+  try:
+    checkpointer.close()
+  except Exception:  # the error that matters is the one already being raised
+    pass
+
+
+def _note(message: str) -> None:
+  print(f'loco: note: {message}', file=sys.stderr, flush=True)
+
+
+def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorithm, mesh,
+           checkpointer: Checkpointer, is_main: bool, clock: _Phases) -> dict[str, Any]:
+  r = exp.run
+  note = _note if is_main else (lambda message: None)
+  diverged = wd.diverged()
+  if diverged:
+    raise DivergenceError(
+        f'the run in {wd.path} diverged at step {diverged.get("step")} (see '
+        f'{workdir_lib.DIVERGED}): resuming it would diverge again; use a new workdir, '
+        f'or delete {workdir_lib.DIVERGED} to try anyway.')
   sequence_tokens = r.batch_per_worker * r.seq_len       # one worker's tokens per step
   timeline = timeline_lib.make_timeline(
       exp.network, num_workers=r.num_workers, steps=r.steps,
@@ -227,100 +365,144 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
   # Ticks: inner steps, or the asynchronous replay's ticks.
   total = timeline.num_ticks if timeline is not None else r.steps
 
-  checkpointer = Checkpointer(os.path.join(workdir, 'checkpoints'), r.checkpoint_keep)
-  counters = _Counters()
   start = checkpointer.latest_step() or 0
+  if start:
+    for message in wd.check_resume(config.to_dict(), start):
+      note(message)
+    if start > total:
+      raise WorkdirError(f'the checkpoint in {wd.path} is at step {start}, past this '
+                         f'run\'s {total} steps; steps may only grow on resume.')
+    if start == total:
+      note(f'the run in {wd.path} finished before (step {start} of {total}); nothing to do.')
+      return wd.last_record()
+
+  graphdef, state = init_state(exp, algorithm, jax.random.PRNGKey(r.seed))
+  state = workers.shard_state(state, mesh)
+  clock.lap('init')
+
+  train_data = data_lib.make_train_iterator(
+      exp.data, num_workers=r.num_workers, batch_per_worker=r.batch_per_worker,
+      seq_len=r.seq_len, seed=r.seed)
+  eval_batches = jnp.asarray(data_lib.make_eval_batches(
+      exp.data, batch_size=r.eval_batch_size, seq_len=r.seq_len,
+      num_batches=r.eval_batches))
+  clock.lap('data')
+
+  counters = _Counters()
   if start:
     state, data_state, host_state = checkpointer.restore(start, state)
     train_data.set_state(data_state)
     counters = _Counters(host_state)
     if timeline is not None:
       timeline.load_state_dict(counters.timeline)
-  # On several hosts every process runs the same program; process 0 writes the files.
-  is_main = jax.process_index() == 0
   if is_main:
-    _write_config_json(workdir, config, exp)
+    _write_config_json(wd, config, exp)
+  clock.lap('restore')
 
   train_chunk = make_train_chunk(algorithm, exp.model, graphdef, mesh, r.grad_mode)
   evaluate = make_evaluator(exp.model, graphdef, r.eval_per_worker)
   check_finite = jax.jit(_all_finite)
-  writer = MetricsWriter(workdir, resume_step=start) if is_main else _NoWriter()
+  writer = MetricsWriter(wd.path, resume_step=start, note=note) if is_main else _NoWriter()
   progress = ProgressBar(total, start, enabled=r.progress and is_main)
+  chunk_len = min(r.log_every, total)
+  compiled = None
   last: dict[str, Any] = {}
 
   def next_chunk(step):
-    k = min(r.log_every, total - step)
+    # Chunks end on multiples of log_every (and at the end); each is padded to chunk_len.
+    k = min(chunk_len - step % chunk_len, total - step)
     batches = np.stack([next(train_data) for _ in range(k)])
     contexts = None if timeline is None else timeline.contexts(step, k)
-    return (k, workers.shard_steps(jnp.asarray(batches), mesh), contexts,
+    valid = np.arange(chunk_len) < k
+    batches, contexts = _pad_steps((batches, contexts), chunk_len)
+    return (k, workers.shard_steps(jnp.asarray(batches), mesh), contexts, valid,
             train_data.get_state())
 
-  def finish_chunk(end_step, k, outputs, t_dispatch):
+  # Throughput: wall time between consecutive chunk results, less compilation,
+  # evaluation and checkpointing (each restarts the interval when it ends).
+  t_mark = time.perf_counter()
+
+  def finish_chunk(end_step, k, outputs):
     """Host-side work for a chunk whose outputs are ready (or about to be)."""
-    nonlocal last
+    nonlocal last, t_mark
     losses, info = _fetch(outputs)
-    losses = np.asarray(losses)                                  # [K, M]
-    if not np.all(np.isfinite(losses)):
-      bad = end_step - k + 1 + int(np.argmax(~np.all(np.isfinite(losses), axis=1)))
-      good = checkpointer.latest_step()
-      kept = f'the last good checkpoint (step {good}) is kept' if good else 'no checkpoint was written yet'
-      raise DivergenceError(f'the training loss became {losses[bad - (end_step - k + 1)].mean()} '
-                            f'at step {bad}; {kept} in {workdir}.')
+    now = time.perf_counter()
+    elapsed, t_mark = max(now - t_mark, 1e-9), now
+    clock.step = end_step
+    losses = np.asarray(losses)[:k]                              # [k, M]
+    info = jax.tree.map(lambda x: np.asarray(x)[:k], info)
     start_step = end_step - k
+    counters.best_loss, bad_step, why = check_losses(
+        losses, start_step + 1, counters.best_loss, exp.model.vocab_size)
+    if why:
+      message = f'{why}; {_kept(checkpointer, wd.path)}.'
+      if is_main:
+        wd.mark_diverged(bad_step, message)
+      raise DivergenceError(message)
     worker_steps = (k * r.num_workers if timeline is None
                     else timeline.active(start_step, k).sum())
     counters.add(info, worker_steps * sequence_tokens)
-    clock = dict(sim_seconds=0.0)
+    sim = dict(sim_seconds=0.0)
     if timeline is not None:
       timeline.advance(start_step, info)
       counters.timeline = timeline.state_dict()
-      clock = timeline.metrics(end_step)
-    elapsed = max(time.time() - t_dispatch, 1e-9)
+      sim = timeline.metrics(end_step)
     record = dict(step=end_step, tokens=counters.tokens,
                   train_loss=float(losses[-1].mean()),
                   bytes_sent=counters.bytes_sent, bytes_received=counters.bytes_received,
-                  peak_bytes=counters.peak_bytes, syncs=counters.syncs, **clock,
-                  tokens_per_second=worker_steps * sequence_tokens / elapsed)
+                  peak_bytes=counters.peak_bytes, syncs=counters.syncs, **sim,
+                  tokens_per_second=float(worker_steps * sequence_tokens / elapsed))
     last = record
-    return record
+    return record, elapsed / k
 
   step = start
-  pending = None          # (end_step, k, outputs, t_dispatch) of the chunk in flight
-  t_prev = time.time()
+  pending = None          # (end_step, k, outputs) of the chunk in flight
   while step < total:
-    k, batches, contexts, data_state = next_chunk(step)
-    state, outputs = train_chunk(state, batches, contexts)
+    k, batches, contexts, valid, data_state = next_chunk(step)
+    if compiled is None:
+      clock.lap('first_batch')
+      compiled = train_chunk.lower(state, batches, contexts, valid).compile()
+      clock.lap('compile')
+      t_mark = time.perf_counter()
+    state, outputs = compiled(state, batches, contexts, valid)
     step += k
     if pending is not None:
-      _emit(writer, progress, finish_chunk(*pending))
-    pending = (step, k, outputs, t_prev)
+      _emit(writer, progress, *finish_chunk(*pending))
+    pending = (step, k, outputs)
     boundary_eval = r.eval_every and (step % r.eval_every == 0 or step == total)
     boundary_ckpt = step == total or (r.checkpoint_every and step % r.checkpoint_every == 0)
     if boundary_eval or boundary_ckpt:
-      record = finish_chunk(*pending)
+      record, step_seconds = finish_chunk(*pending)
       pending = None
       if boundary_eval:
         record.update({k_: float(v) for k_, v in evaluate(state.params, eval_batches).items()})
+      # The row first, then the checkpoint: a checkpoint never exists without its row.
+      _emit(writer, progress, record, step_seconds)
       if boundary_ckpt:
         if not bool(check_finite(state.params)):
-          raise DivergenceError(f'the parameters became non-finite by step {step}; the '
-                                f'last good checkpoint (step {checkpointer.latest_step()}) '
-                                f'is kept in {workdir}.')
+          message = (f'the parameters became non-finite by step {step}; '
+                     f'{_kept(checkpointer, wd.path)}.')
+          if is_main:
+            wd.mark_diverged(step, message)
+          raise DivergenceError(message)
         checkpointer.save(step, state, data_state, counters.as_dict())
-      _emit(writer, progress, record)
-    t_prev = time.time()
+      t_mark = time.perf_counter()
+    if clock.wants('first_chunk'):
+      jax.block_until_ready(outputs)
+      clock.lap('first_chunk')
   if pending is not None:
-    _emit(writer, progress, finish_chunk(*pending))
+    _emit(writer, progress, *finish_chunk(*pending))
   progress.close()
   writer.close()
-  checkpointer.close()
+  checkpointer.wait()
   return last
 
 
-def _emit(writer: MetricsWriter, progress: ProgressBar, record: dict) -> None:
+def _emit(writer: MetricsWriter, progress: ProgressBar, record: dict,
+          step_seconds: float) -> None:
   writer.write(record)
   progress.update(record['step'], record['train_loss'], record['tokens_per_second'],
-                  record.get('eval_loss'))
+                  record.get('eval_loss'), step_seconds=step_seconds)
 
 
 def _fetch(tree):
@@ -341,15 +523,14 @@ class _NoWriter:
     pass
 
 
-def _write_config_json(workdir: str, config, exp: Experiment) -> None:
+def _write_config_json(wd: workdir_lib.Workdir, config, exp: Experiment) -> None:
   out = dict(config=config.to_dict(),
              model=dict(dataclasses.asdict(exp.model),
                         param_count=model_lib.param_count(exp.model),
                         flops_per_token=model_lib.flops_per_token(exp.model,
                                                                   exp.run.seq_len)),
              data_fingerprint=data_lib.dataset_fingerprint(exp.data))
-  with open(os.path.join(workdir, 'config.json'), 'w') as f:
-    json.dump(out, f, indent=2, default=str)
+  workdir_lib.write_json(wd.file(workdir_lib.CONFIG), out)
 
 
 def print_summary(config, workdir: str, record: dict[str, Any]) -> None:

@@ -58,9 +58,13 @@ sys.addaudithook(_audit)
 import chex  # noqa: E402  (after HOME is redirected)
 from absl import logging  # noqa: E402
 
+from tests.nano import make_nano_config  # noqa: E402
+
 # Eight CPU devices for the mesh tests (chex sets XLA_FLAGS before JAX starts; unused
-# devices cost nothing, and one-device code runs on the first).
-chex.set_n_cpu_devices(8)
+# devices cost nothing, and one-device code runs on the first). A subprocess that sets
+# its own device count keeps it.
+if 'xla_force_host_platform_device_count' not in os.environ.get('XLA_FLAGS', ''):
+  chex.set_n_cpu_devices(8)
 
 logging.set_verbosity(logging.WARNING)
 
@@ -87,28 +91,6 @@ def small_corpus_glob() -> str:
 @pytest.fixture(scope='session')
 def data_dir(tmp_path_factory) -> str:
   return str(tmp_path_factory.mktemp('tfds'))
-
-
-def make_nano_config(text_glob: str, data_dir: str):
-  """A config that trains the nano model for a few steps in seconds."""
-  from experiments import base
-  c = base.get_config()
-  c.num_workers = 2
-  c.steps = 20
-  c.batch_per_worker = 2
-  c.seq_len = 32
-  c.model.preset = 'nano'
-  c.data.source = 'text'
-  c.data.text_glob = text_glob
-  c.data.data_dir = data_dir
-  c.optimizer.warmup_steps = 2
-  c.log_every = 5
-  c.eval.every = 10
-  c.eval.batches = 2
-  c.eval.batch_size = 4
-  c.checkpoint.every = 10
-  c.progress = False
-  return c
 
 
 @pytest.fixture

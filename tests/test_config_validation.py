@@ -23,7 +23,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = dict(os.environ, JAX_PLATFORMS='cpu')
 
 _NANO = """
-from tests.conftest import make_nano_config
+from tests.nano import make_nano_config
 
 
 def get_config():

@@ -14,10 +14,12 @@ from loco import sweep
 from loco.sweep import Run, SweepError, grid
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ENV = dict(os.environ, JAX_PLATFORMS='cpu')
+# Runs started here see one CPU device unless a test asks for more (conftest gives this
+# process 8).
+ENV = {**{k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}, 'JAX_PLATFORMS': 'cpu'}
 
 _NANO = """
-from tests.conftest import make_nano_config
+from tests.nano import make_nano_config
 
 
 def get_config():

@@ -9,6 +9,7 @@ downloads or prepares it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -74,15 +75,39 @@ class TfdsDocuments(Documents):
     return value.encode('utf-8') if isinstance(value, str) else bytes(value)
 
 
+# A run opens its data several times (train and eval splits, fingerprint, entropy);
+# within one process each corpus is listed, prepared and read once. The standard
+# library does not change while Python runs; text files are listed again each time
+# (their listing, with sizes and mtimes, is the cache key).
+_stdlib_spec = functools.cache(corpus.stdlib_spec)
+_BUILDERS: dict[tuple[str, str], corpus.LocoCorpus] = {}
+_DOCUMENTS: dict[tuple[str, str, str], Documents] = {}
+
+
 def _corpus_spec(cfg: config_lib.DataConfig) -> corpus.CorpusSpec:
   if cfg.source == 'stdlib':
-    return corpus.stdlib_spec()
+    return _stdlib_spec()
   return corpus.text_spec(cfg.text_glob)
+
+
+def _prepared(spec: corpus.CorpusSpec, data_dir: str) -> corpus.LocoCorpus:
+  key = (spec.key, data_dir)
+  if key not in _BUILDERS or not os.path.isdir(_BUILDERS[key].data_path):
+    _BUILDERS[key] = corpus.prepare(spec, data_dir)
+  return _BUILDERS[key]
 
 
 def _open_corpus(cfg: config_lib.DataConfig, split: str) -> Documents:
   spec = _corpus_spec(cfg)
-  builder = corpus.prepare(spec, cfg.resolved_data_dir)
+  key = (spec.key, cfg.resolved_data_dir, split)
+  builder = _prepared(spec, cfg.resolved_data_dir)
+  if key not in _DOCUMENTS:
+    _DOCUMENTS[key] = _read_corpus(cfg, spec, builder, split)
+  return _DOCUMENTS[key]
+
+
+def _read_corpus(cfg: config_lib.DataConfig, spec: corpus.CorpusSpec,
+                 builder: corpus.LocoCorpus, split: str) -> Documents:
   fp = corpus.fingerprint(builder)
   try:
     source = builder.as_data_source(split)
@@ -202,7 +227,7 @@ def fingerprint(cfg: config_lib.DataConfig) -> dict[str, Any]:
             'splits': splits}
     info['sha256'] = _tfds_info_hash(cfg, docs[cfg.train_split], info)
     return info
-  builder = corpus.prepare(_corpus_spec(cfg), cfg.resolved_data_dir)
+  builder = _prepared(_corpus_spec(cfg), cfg.resolved_data_dir)
   meta = corpus.fingerprint(builder)
   return {'source': cfg.source,
           'name': f'{corpus.BUILDER_NAME}/{builder.builder_config.name}:'

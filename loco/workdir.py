@@ -1,0 +1,176 @@
+"""A run's workdir: one run at a time, what may change on resume, how the run ended.
+
+  runs/x/.lock           held (fcntl) by the loco process training in runs/x
+  runs/x/config.json     the config the checkpoints were trained with
+  runs/x/diverged.json   written when the run diverged: step, loss, message
+
+A resumed run must mean the same as the run that wrote the checkpoints: every config
+key but the ones in `MAY_CHANGE` (how the run is executed or logged, not what it
+computes) must be equal, and `steps` may only grow.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+from typing import Any
+
+from loco.errors import WorkdirError
+from loco.metrics import read_metrics
+
+LOCK = '.lock'
+CONFIG = 'config.json'
+DIVERGED = 'diverged.json'
+
+# Keys (or prefixes ending in '.') whose change does not alter what a run computes.
+MAY_CHANGE = ('progress', 'log_every', 'eval.every', 'eval.per_worker', 'checkpoint.',
+              'mesh.', 'grad_mode', 'data.read_threads', 'data.data_dir')
+
+
+def flatten(tree: dict[str, Any], prefix: str = '') -> dict[str, Any]:
+  """{'a': {'b': 1}} -> {'a.b': 1}."""
+  out = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      out.update(flatten(value, f'{prefix}{key}.'))
+    else:
+      out[f'{prefix}{key}'] = value
+  return out
+
+
+def _may_change(key: str) -> bool:
+  return any(key == k or (k.endswith('.') and key.startswith(k)) for k in MAY_CHANGE)
+
+
+def write_json(path: str, data: Any) -> None:
+  """Writes JSON through a temporary file and a rename: a crash leaves old or new."""
+  tmp = f'{path}.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(data, f, indent=2, default=str)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def read_json(path: str) -> Any:
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+class Workdir:
+  """Creates and locks a workdir for one run (`with Workdir(path) as wd:`).
+
+  If the directory was created here and the run fails before writing anything but the
+  lock, it is removed again: a bad config leaves no empty workdir behind.
+  """
+
+  def __init__(self, path: str, lock: bool = True):
+    self.path = path
+    self._lock = lock
+    self._lock_file = None
+    self._created = False
+
+  def __enter__(self) -> Workdir:
+    if os.path.exists(self.path) and not os.path.isdir(self.path):
+      raise WorkdirError(f'the workdir {self.path} is a file, not a directory; pick '
+                         'another --workdir.')
+    self._created = not os.path.exists(self.path)
+    try:
+      os.makedirs(self.path, exist_ok=True)
+      if self._lock:
+        self._take_lock()
+    except OSError as e:
+      self._remove_if_created()
+      raise WorkdirError(f'cannot use the workdir {self.path}: {e.strerror or e}.') from e
+    return self
+
+  def _take_lock(self) -> None:
+    f = open(os.path.join(self.path, LOCK), 'a+')
+    try:
+      fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      f.seek(0)
+      holder = f.read().strip() or 'unknown'
+      f.close()
+      raise WorkdirError(f'the workdir {self.path} is in use by another loco run '
+                         f'(process {holder}); wait for it to end or pick another '
+                         '--workdir.') from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    self._lock_file = f
+
+  def __exit__(self, exc_type, exc, tb) -> None:
+    if exc_type is not None:
+      self._remove_if_created()
+    if self._lock_file is not None:
+      self._lock_file.close()     # releases the lock
+      self._lock_file = None
+
+  def _remove_if_created(self) -> None:
+    if self._created and os.path.isdir(self.path) and self._holds_nothing():
+      shutil.rmtree(self.path, ignore_errors=True)
+
+  def _holds_nothing(self) -> bool:
+    """True if no file but the lock was written (empty folders do not count)."""
+    for root, _, files in os.walk(self.path):
+      if any(not (root == self.path and name == LOCK) for name in files):
+        return False
+    return True
+
+  # What the workdir holds.
+
+  def file(self, name: str) -> str:
+    return os.path.join(self.path, name)
+
+  def stored_config(self) -> dict[str, Any] | None:
+    return (read_json(self.file(CONFIG)) or {}).get('config')
+
+  def diverged(self) -> dict[str, Any] | None:
+    return read_json(self.file(DIVERGED))
+
+  def mark_diverged(self, step: int, message: str) -> None:
+    write_json(self.file(DIVERGED), dict(step=step, message=message))
+
+  def last_record(self) -> dict[str, Any]:
+    try:
+      records = read_metrics(self.path)
+    except OSError:
+      return {}
+    return records[-1] if records else {}
+
+  def check_resume(self, config: dict[str, Any], checkpoint_step: int) -> list[str]:
+    """Raises WorkdirError unless `config` may resume the stored run; returns notes."""
+    stored = self.stored_config()
+    if stored is None:
+      return [f'{self.file(CONFIG)} is missing; resuming the checkpoint at step '
+              f'{checkpoint_step} with this config.']
+    # Compare through JSON, as the stored config was written.
+    old, new = flatten(stored), flatten(json.loads(json.dumps(config, default=str)))
+    changed = [k for k in sorted(set(old) | set(new))
+               if k != 'steps' and not _may_change(k) and old.get(k) != new.get(k)
+               and not (k not in old and new.get(k) is None)]
+    if changed:
+      shown = ', '.join(f'{k} ({old.get(k)!r} -> {new.get(k)!r})' for k in changed[:6])
+      more = f' and {len(changed) - 6} more' if len(changed) > 6 else ''
+      raise WorkdirError(
+          f'the workdir {self.path} holds a run with another config: {shown}{more}; '
+          'a resumed run must be the same run (only steps may grow): use a new workdir.')
+    if new['steps'] < old['steps']:
+      raise WorkdirError(
+          f'steps={new["steps"]} is below the {old["steps"]} steps of the run in '
+          f'{self.path} (checkpoint at step {checkpoint_step}); steps may only grow on '
+          'resume.')
+    if new['steps'] > old['steps']:
+      note = f'steps grows from {old["steps"]} to {new["steps"]}'
+      if new.get('optimizer.decay_steps') is None:
+        note += (' (optimizer.decay_steps is unset, so the learning-rate schedule now '
+                 f'spans {new["steps"]} steps from step {checkpoint_step} on)')
+      return [note + '.']
+    return []

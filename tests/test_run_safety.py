@@ -1,0 +1,437 @@
+"""Runs under hostile conditions: busy, changed, full or read-only workdirs, crashes,
+Ctrl-C, divergence. Each ends in one clear line and never loses a committed checkpoint.
+"""
+
+import contextlib
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from loco import algorithms
+from loco import metrics
+from loco import report
+from loco import train
+from loco import workdir as workdir_lib
+from loco.checkpoint import Checkpointer
+from loco.engine import Algorithm
+from loco.errors import (ConfigError, DivergenceError, Interrupted, LocoError,
+                         WorkdirError)
+from loco.metrics import TIMING_KEYS, read_metrics
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_NANO_FILE = '''
+import sys
+sys.path.insert(0, {repo!r})
+from tests.nano import make_nano_config
+
+def get_config():
+  c = make_nano_config({glob!r}, {data_dir!r})
+  c.steps = {steps}
+  return c
+'''
+
+
+def _comparable(records):
+  return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
+
+
+def _nano_file(tmp_path, small_corpus_glob, data_dir, steps=20) -> str:
+  path = tmp_path / f'nano{steps}.py'
+  path.write_text(_NANO_FILE.format(repo=REPO, glob=small_corpus_glob, data_dir=data_dir,
+                                    steps=steps))
+  return str(path)
+
+
+def _cli(*args, **kwargs):
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  return subprocess.run([sys.executable, '-m', 'loco.main', *args], cwd=REPO, env=env,
+                        capture_output=True, text=True, timeout=300, **kwargs)
+
+
+def _error_lines(stderr: str) -> list[str]:
+  return [line for line in stderr.splitlines() if line.startswith('loco: error:')]
+
+
+# One run per workdir.
+
+def test_a_busy_workdir_is_refused_in_one_line(nano_config, tmp_path, small_corpus_glob,
+                                               data_dir):
+  workdir = str(tmp_path / 'run')
+  with workdir_lib.Workdir(workdir):          # another loco process holds the lock
+    with pytest.raises(WorkdirError, match='in use by another loco run'):
+      train.run(nano_config, workdir)
+    config = _nano_file(tmp_path, small_corpus_glob, data_dir)
+    out = _cli(f'--config={config}', f'--workdir={workdir}')
+    assert out.returncode == 1
+    assert _error_lines(out.stderr) == [
+        f'loco: error: the workdir {workdir} is in use by another loco run (process '
+        f'{os.getpid()}); wait for it to end or pick another --workdir.']
+    assert not os.path.exists(os.path.join(workdir, 'metrics.jsonl'))
+  train.run(nano_config, workdir)             # free again once the holder is gone
+
+
+# Metrics rows and checkpoints.
+
+def test_each_row_is_on_disk_before_its_checkpoint_is_saved(nano_config, tmp_path,
+                                                            monkeypatch):
+  workdir = str(tmp_path / 'run')
+  saved = []
+  original = Checkpointer.save
+
+  def save(self, step, *args):
+    steps = [r['step'] for r in read_metrics(workdir)]   # what a kill -9 would leave
+    assert steps and steps[-1] == step, (step, steps)
+    saved.append(step)
+    return original(self, step, *args)
+
+  monkeypatch.setattr(Checkpointer, 'save', save)
+  train.run(nano_config, workdir)
+  assert saved == [10, 20]
+
+
+def test_a_torn_last_line_is_dropped_on_resume_with_a_note(nano_config, tmp_path, capsys):
+  full = str(tmp_path / 'full')
+  train.run(nano_config, full)
+  records = read_metrics(full)
+  # A crash after the step-10 checkpoint, in the middle of writing a later row.
+  crashed = str(tmp_path / 'crashed')
+  train.run(nano_config, crashed)
+  _drop_checkpoint(crashed, 20)
+  with open(os.path.join(crashed, 'metrics.jsonl'), 'a') as f:
+    f.write('{"step": 25, "tokens": 12')
+  capsys.readouterr()
+  train.run(nano_config, crashed)
+  assert 'line 5 (the last) is torn' in capsys.readouterr().err
+  assert _comparable(read_metrics(crashed)) == _comparable(records)
+
+
+def test_trimming_metrics_on_resume_is_atomic(nano_config, tmp_path, monkeypatch):
+  workdir = str(tmp_path / 'run')
+  train.run(nano_config, workdir)
+  before = open(os.path.join(workdir, 'metrics.jsonl')).read()
+  written = []
+
+  def dying_dumps(obj, *args, **kwargs):   # the process dies while rewriting the file
+    if written:
+      raise KeyboardInterrupt
+    written.append(obj)
+    return json.dumps(obj, *args, **kwargs)
+
+  monkeypatch.setattr(metrics, 'json', types.SimpleNamespace(loads=json.loads,
+                                                             dumps=dying_dumps))
+  with pytest.raises(KeyboardInterrupt):
+    metrics.MetricsWriter(workdir, resume_step=10)
+  assert written and open(os.path.join(workdir, 'metrics.jsonl')).read() == before
+
+
+def test_kill_between_row_and_checkpoint_commit_loses_nothing(nano_config, tmp_path):
+  full = str(tmp_path / 'full')
+  train.run(nano_config, full)
+  # The step-20 row was written but its checkpoint never committed.
+  killed = str(tmp_path / 'killed')
+  train.run(nano_config, killed)
+  _drop_checkpoint(killed, 20)
+  assert read_metrics(killed)[-1]['step'] == 20
+  train.run(nano_config, killed)
+  assert _comparable(read_metrics(killed)) == _comparable(read_metrics(full))
+
+
+def _drop_checkpoint(workdir: str, step: int) -> None:
+  import shutil
+  shutil.rmtree(os.path.join(workdir, 'checkpoints', str(step)))
+
+
+# Resuming with another config.
+
+@pytest.mark.parametrize('key,value', [
+    ('optimizer.lr', 1e-2), ('algorithm.name', 'diloco'), ('model.d_model', 64),
+    ('data.sharding', 'noniid'), ('num_workers', 4), ('seed', 1)])
+def test_resume_with_a_changed_meaning_is_refused(nano_config, tmp_path, key, value):
+  workdir = str(tmp_path / 'run')
+  nano_config.steps = 10
+  train.run(nano_config, workdir)
+  stored = open(os.path.join(workdir, 'config.json')).read()
+  section, _, leaf = key.rpartition('.')
+  (nano_config[section] if section else nano_config)[leaf] = value
+  nano_config.steps = 20
+  with pytest.raises(WorkdirError, match=rf'holds a run with another config: {key} \('):
+    train.run(nano_config, workdir)
+  assert open(os.path.join(workdir, 'config.json')).read() == stored
+  assert [r['step'] for r in read_metrics(workdir)] == [5, 10]
+
+
+def test_steps_may_grow_and_say_so(nano_config, tmp_path, capsys):
+  workdir = str(tmp_path / 'run')
+  nano_config.steps = 10
+  train.run(nano_config, workdir)
+  nano_config.steps = 20
+  nano_config.progress = True                 # not a change of meaning
+  nano_config.checkpoint.keep = 3
+  capsys.readouterr()
+  record = train.run(nano_config, workdir)
+  assert 'steps grows from 10 to 20' in capsys.readouterr().err
+  assert record['step'] == 20
+  assert json.load(open(os.path.join(workdir, 'config.json')))['config']['steps'] == 20
+
+
+def test_steps_below_the_checkpoint_are_refused(nano_config, tmp_path):
+  workdir = str(tmp_path / 'run')
+  train.run(nano_config, workdir)
+  nano_config.steps = 10
+  with pytest.raises(WorkdirError, match='steps=10 is below the 20 steps'):
+    train.run(nano_config, workdir)
+
+
+def test_rerunning_a_finished_workdir_prints_its_summary(tmp_path, small_corpus_glob,
+                                                         data_dir):
+  config = _nano_file(tmp_path, small_corpus_glob, data_dir, steps=10)
+  workdir = str(tmp_path / 'run')
+  first = _cli(f'--config={config}', f'--workdir={workdir}')
+  assert first.returncode == 0, first.stderr[-2000:]
+  again = _cli(f'--config={config}', f'--workdir={workdir}')
+  assert again.returncode == 0, again.stderr[-2000:]
+  assert 'finished before (step 10 of 10); nothing to do' in again.stderr
+  summary = first.stdout.splitlines()
+  assert 'steps: 10' in summary[1] and summary == again.stdout.splitlines()
+
+
+# OS errors.
+
+def test_a_workdir_that_is_a_file_is_one_error(nano_config, tmp_path):
+  path = tmp_path / 'file'
+  path.write_text('x')
+  with pytest.raises(WorkdirError, match='is a file, not a directory'):
+    train.run(nano_config, str(path))
+
+
+@contextlib.contextmanager
+def _tmpfs(path, size: str, read_only: bool = False):
+  os.makedirs(path)
+  options = f'size={size}' + (',ro' if read_only else '')
+  if subprocess.run(['mount', '-t', 'tmpfs', '-o', options, 'tmpfs', str(path)],
+                    capture_output=True).returncode:
+    pytest.skip('mounting a tmpfs needs root (a real full / read-only disk)')
+  try:
+    yield str(path)
+  finally:
+    subprocess.run(['umount', '-l', str(path)], capture_output=True)
+
+
+def test_a_read_only_file_system_is_one_error(nano_config, tmp_path):
+  with _tmpfs(tmp_path / 'ro', '1M', read_only=True) as ro:
+    with pytest.raises(WorkdirError, match=r'cannot use the workdir .*Read-only file system'):
+      train.run(nano_config, os.path.join(ro, 'run'))
+
+
+def test_a_full_disk_stops_with_one_line_and_keeps_the_checkpoint(tmp_path,
+                                                                  small_corpus_glob,
+                                                                  data_dir):
+  # Room for a few checkpoints (every 5 steps, all kept), not for all of them.
+  config = _nano_file(tmp_path, small_corpus_glob, data_dir, steps=2000)
+  with _tmpfs(tmp_path / 'small', '3M') as small:
+    workdir = os.path.join(small, 'run')
+    out = _cli(f'--config={config}', f'--workdir={workdir}', '--config.checkpoint.every=5',
+               '--config.checkpoint.keep=1000', '--config.eval.every=0')
+    assert out.returncode == 1, out.stderr[-3000:]
+    good = Checkpointer(os.path.join(workdir, 'checkpoints'))
+    step = good.latest_step()
+    good.close()
+    assert step and step < 2000
+    assert 'Traceback' not in out.stderr, out.stderr[-3000:]
+    assert [line for line in out.stderr.splitlines() if line.strip()] == [
+        f'loco: error: No space left on device ({workdir}/checkpoints); the last good '
+        f'checkpoint (step {step}) is kept in {workdir}: fix it and the same command '
+        'resumes.']
+
+
+def _run_catching(config, workdir):
+  try:
+    train.run(config, workdir)
+  except LocoError as e:
+    return e
+  return None
+
+
+def test_a_failing_tensorboard_write_stops_the_run_instead_of_hanging(nano_config, tmp_path,
+                                                                      monkeypatch):
+  from tensorboardX import record_writer
+
+  def full(self, data):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), 'events.out.tfevents')
+
+  monkeypatch.setattr(record_writer.RecordWriter, 'write', full)
+  done = []
+  thread = threading.Thread(
+      target=lambda: done.append(_run_catching(nano_config, str(tmp_path / 'run'))),
+      daemon=True)
+  thread.start()
+  thread.join(timeout=120)
+  assert done, 'the run hung when TensorBoard could not write'
+  assert isinstance(done[0], WorkdirError)
+  assert str(done[0]).startswith('No space left on device (events.out.tfevents); no '
+                                 'checkpoint was written')
+
+
+# Ctrl-C.
+
+def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(nano_config, tmp_path,
+                                                           monkeypatch):
+  full = str(tmp_path / 'full')
+  train.run(nano_config, full)
+  workdir = str(tmp_path / 'run')
+  write = metrics.MetricsWriter.write
+
+  def interrupt_at_15(self, record):
+    write(self, record)
+    if record['step'] == 15:
+      raise KeyboardInterrupt
+
+  monkeypatch.setattr(metrics.MetricsWriter, 'write', interrupt_at_15)
+  with pytest.raises(Interrupted) as stopped:
+    train.run(nano_config, workdir)
+  assert str(stopped.value) == (
+      f'interrupted after step 15; the last good checkpoint (step 10) is kept in {workdir}: '
+      'the same command resumes from it.')
+  monkeypatch.setattr(metrics.MetricsWriter, 'write', write)
+  train.run(nano_config, workdir)
+  assert _comparable(read_metrics(workdir)) == _comparable(read_metrics(full))
+
+
+def test_sigint_to_the_cli_prints_one_line(tmp_path, small_corpus_glob, data_dir):
+  config = _nano_file(tmp_path, small_corpus_glob, data_dir, steps=100000)
+  workdir = str(tmp_path / 'run')
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  proc = subprocess.Popen([sys.executable, '-m', 'loco.main', f'--config={config}',
+                           f'--workdir={workdir}'], cwd=REPO, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  metrics_path = os.path.join(workdir, 'metrics.jsonl')
+  deadline = time.time() + 120
+  while time.time() < deadline and not (os.path.exists(metrics_path)
+                                         and len(read_metrics(workdir)) >= 3):
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 130, err[-2000:]
+  lines = [line for line in err.splitlines() if line.startswith('loco:')]
+  assert len(lines) == 1 and lines[0].startswith('loco: stopped: interrupted after step ')
+  assert 'the same command resumes from it.' in lines[0] and 'Traceback' not in err
+
+
+# Divergence.
+
+def _sabotaged(value: float, from_step: int):
+  """DDP whose params become `value` from `from_step` on (a NaN, or an exploded model)."""
+  def factory(inner, *, mesh=None):
+    base = algorithms.make('ddp', inner, mesh=mesh)
+
+    def step(state, grads, ctx=None):
+      state, info = base.step(state, grads, ctx)
+      params = jax.tree.map(
+          lambda p: jnp.where(state.step >= from_step, jnp.full_like(p, value), p),
+          state.params)
+      return state._replace(params=params), info
+    return Algorithm(base.init, step)
+  return factory
+
+
+@pytest.mark.parametrize('value,why', [
+    (float('nan'), 'the training loss became nan at step 14'),
+    (0.0, 'the training loss rose to 5.549 at step 14, no better than uniform guessing'),
+])
+def test_divergence_is_recorded_and_keeps_the_good_checkpoint(nano_config, tmp_path,
+                                                              monkeypatch, value, why):
+  monkeypatch.setitem(algorithms.REGISTRY, 'sabotaged', _sabotaged(value, 13))
+  nano_config.algorithm.name = 'sabotaged'
+  workdir = str(tmp_path / 'run')
+  with pytest.raises(DivergenceError) as diverged:
+    train.run(nano_config, workdir)
+  assert str(diverged.value).startswith(why)
+  assert str(diverged.value).endswith(f'the last good checkpoint (step 10) is kept in '
+                                      f'{workdir}.')
+  assert workdir_lib.Workdir(workdir).diverged()['step'] == 14
+  assert Checkpointer(os.path.join(workdir, 'checkpoints')).latest_step() == 10
+  assert [r['step'] for r in read_metrics(workdir)] == [5, 10]
+  row, = report.summarize([workdir])
+  assert row['status'] == 'diverged' and row['error'].startswith(why)
+  with pytest.raises(DivergenceError, match='diverged at step 14 .*would diverge again'):
+    train.run(nano_config, workdir)
+
+
+def test_the_loss_rule_waits_until_the_model_has_learned():
+  uniform = np.log(257)
+  start = np.full((3, 2), uniform + 0.01)          # an untrained model sits at ln V
+  best, step, why = train.check_losses(start, 1, np.inf, 257)
+  assert why is None and step is None and best == pytest.approx(uniform + 0.01)
+  best, step, why = train.check_losses(np.array([[3.0, 3.2], [uniform, uniform]]), 4,
+                                       best, 257)
+  assert step == 5 and why.startswith('the training loss rose to 5.549 at step 5')
+  assert best == pytest.approx(3.1)
+
+
+# Failures before training.
+
+def test_a_bad_algorithm_leaves_no_workdir(nano_config, tmp_path):
+  nano_config.algorithm.name = 'gasloc'
+  nano_config.algorithm.topology = 'torus'
+  nano_config.num_workers = 3
+  workdir = tmp_path / 'run'
+  with pytest.raises(ConfigError):
+    train.run(nano_config, str(workdir))
+  assert not workdir.exists()
+
+
+def test_a_data_error_leaves_no_workdir(nano_config, tmp_path):
+  nano_config.data.text_glob = str(tmp_path / 'nothing' / '*.txt')
+  workdir = tmp_path / 'run'
+  with pytest.raises(LocoError):
+    train.run(nano_config, str(workdir))
+  assert not workdir.exists()
+
+
+# Checkpoint layout.
+
+def test_checkpoints_are_named_and_readable_with_orbax_alone(nano_config, tmp_path):
+  nano_config.algorithm.name = 'diloco'
+  nano_config.algorithm.sync_every = 3
+  workdir = str(tmp_path / 'run')
+  train.run(nano_config, workdir)
+  manager = ocp.CheckpointManager(os.path.join(workdir, 'checkpoints'),
+                                  item_names=('state', 'data', 'host'))
+  restored = manager.restore(20, args=ocp.args.Composite(
+      state=ocp.args.StandardRestore(), data=ocp.args.JsonRestore(),
+      host=ocp.args.JsonRestore()))
+  manager.close()
+  state = restored['state']
+  assert set(state) == {'step', 'params', 'inner_state', 'anchor', 'outer_state', 'key'}
+  assert int(state['step']) == 20
+  qkv = state['params']['blocks']['0']['attn']['qkv']
+  assert qkv.shape[0] == nano_config.num_workers
+  np.testing.assert_array_equal(state['anchor']['embed'][0], state['anchor']['embed'][1])
+  assert restored['data']['workers'] and restored['host']['tokens'] == 20 * 2 * 2 * 32
+
+
+def test_chunks_are_padded_not_recompiled(nano_config, tmp_path):
+  # 23 steps in chunks of 5: the last chunk (3 steps) is padded and masked.
+  nano_config.steps = 23
+  nano_config.eval.every = 0
+  nano_config.checkpoint.every = 0
+  padded = train.run(nano_config, str(tmp_path / 'padded'))
+  nano_config.log_every = 1
+  single = train.run(nano_config, str(tmp_path / 'single'))
+  assert [r['step'] for r in read_metrics(str(tmp_path / 'padded'))] == [5, 10, 15, 20, 23]
+  assert padded['tokens'] == single['tokens'] == 23 * 2 * 2 * 32
+  assert padded['bytes_sent'] == single['bytes_sent']
+  np.testing.assert_allclose(padded['train_loss'], single['train_loss'], rtol=1e-6)
