@@ -62,20 +62,90 @@ def test_conformance(name):
   assert _distance(state.params, target) < 0.05 * start
 
 
-@pytest.mark.parametrize('name', sorted(algorithms.REGISTRY))
+def _blocks_setup():
+  """A quadratic over a tree with two transformer-like blocks (Streaming: 3 fragments)."""
+  keys = jax.random.split(jax.random.PRNGKey(3), 4)
+  params = {'embed': jax.random.normal(keys[0], (5, 3)),
+            'blocks': [{'w': jax.random.normal(keys[1], (3, 3))},
+                       {'w': jax.random.normal(keys[2], (3, 3)),
+                        'scale': jnp.ones((3,), jnp.bfloat16)}]}
+  target = jax.tree.map(lambda x: jnp.zeros_like(x) + 0.5, params)
+  def loss(p):
+    return sum(0.5 * jnp.sum((a.astype(jnp.float32) - b.astype(jnp.float32)) ** 2)
+               for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(target)))
+  return params, loss
+
+
+# Per algorithm: keys with syncs within SILENT_STEPS steps, and silent steps between them.
+SILENT_STEPS = 8
+_SILENT_KEYS = {
+    # 3 fragments (embed, block 0, block 1): one syncs every 2 steps, merged 1 step later.
+    'streaming_diloco': dict(sync_every=6, overlap_steps=1),
+}
+# Algorithms that mix workers on a step they report as silent (a real bug): name -> why.
+_MIXES_ON_SILENT_STEPS: dict[str, str] = {}
+
+
+def _per_worker_leaves(state):
+  """(path, leaf) of every per-worker field of a LocoState (all but step and key)."""
+  fields = {k: v for k, v in state._asdict().items() if k not in ('step', 'key')}
+  return [(jax.tree_util.keystr(path), leaf)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(fields)[0]]
+
+
+@pytest.mark.parametrize('name', [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=_MIXES_ON_SILENT_STEPS[n]))
+    if n in _MIXES_ON_SILENT_STEPS else n for n in sorted(algorithms.REGISTRY)])
 def test_silent_steps_do_not_mix_workers(name):
-  """If a step reports no communication, no worker's result may depend on another's input."""
-  params, _, loss = _quadratic_setup()
-  alg = algorithms.make(name, optax.adam(0.05), **_kwargs(name, sync_every=3))
+  """A step that reports no communication leaves the other workers' state unaffected.
+
+  Along one trajectory through several sync rounds, every step is also taken from the
+  same state with worker 1's input changed: its gradient, then its gradient and its
+  params. On a step whose StepInfo reports no communication (no events, no bytes),
+  every other worker's state (params, inner, anchor, outer and extra state) must come
+  out bitwise the same; on any step, so must the state of a worker that received
+  nothing. On communicating steps the change may spread, and for every algorithm it
+  must on some step: otherwise this check could not see mixing at all.
+  """
+  params, loss = _blocks_setup()
+  keys = {**_kwargs(name, sync_every=3), **_SILENT_KEYS.get(name, {})}
+  alg = algorithms.make(name, optax.adam(0.05), **keys)
   state = alg.init(params, M, jax.random.PRNGKey(1))
-  grads = jax.vmap(jax.grad(loss))(state.params)
-  poked = jax.tree.map(lambda g: g.at[1].multiply(-7.0), grads)
-  (s1, info), (s2, _) = alg.step(state, grads), alg.step(state, poked)
-  if int(info.comms.sum()) > 0:
-    pytest.skip(f'{name} communicates on its first step')
-  for a, b in zip(jax.tree.leaves(s1.params), jax.tree.leaves(s2.params)):
-    np.testing.assert_array_equal(np.delete(np.asarray(a, np.float32), 1, axis=0),
-                                  np.delete(np.asarray(b, np.float32), 1, axis=0))
+  step = jax.jit(alg.step)
+  grad = jax.jit(jax.vmap(jax.grad(loss)))
+  poke = jax.jit(lambda tree: jax.tree.map(lambda x: x.at[1].set(-7.0 * x[1] + 0.3), tree))
+  others = np.arange(M) != 1
+  silent_steps, spread_steps = [], []
+  for t in range(1, SILENT_STEPS + 1):
+    grads = grad(state.params)
+    plain, info = step(state, grads)
+    comms, sent, received = (np.asarray(x) for x in
+                             (info.comms, info.bytes_sent, info.bytes_received))
+    silent = not comms.any() and not sent.any() and not received.any()
+    deaf = others & (comms == 0) & (received == 0)   # other workers that received nothing
+    if silent:
+      silent_steps.append(t)
+    for what, (s, g) in {'gradient': (state, poke(grads)),
+                         'gradient and params': (state._replace(params=poke(state.params)),
+                                                 poke(grads))}.items():
+      changed, info_changed = step(s, g)
+      # What goes on the wire follows shapes and the schedule, not values.
+      np.testing.assert_array_equal(info_changed.comms, comms)
+      np.testing.assert_array_equal(info_changed.bytes_sent, sent)
+      for (path, a), (_, b) in zip(_per_worker_leaves(plain), _per_worker_leaves(changed)):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert a.shape[0] == M, f'{path} has no leading worker axis'
+        for w in np.flatnonzero(deaf):
+          assert np.array_equal(a[w], b[w], equal_nan=True), (
+              f'{name}, step {t}, reported {"silent" if silent else "nothing received"} '
+              f'for worker {w}: its {path} changed when only worker 1\'s {what} did.')
+        if any(not np.array_equal(a[w], b[w], equal_nan=True)
+               for w in np.flatnonzero(others)):
+          spread_steps.append(t)
+    state = plain
+  assert spread_steps, f'{name}: a change of worker 1 never reached another worker'
+  if 'sync_every' in keys:    # the window has silent steps and sync steps
+    assert 0 < len(silent_steps) < SILENT_STEPS, silent_steps
 
 
 def test_a_user_loop_drives_an_algorithm():

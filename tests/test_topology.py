@@ -2,11 +2,15 @@
 
 import functools
 import math
+import re
 
+from absl.testing import parameterized
+import chex
 from hypothesis import assume, given, settings, strategies as st
 import jax
 from jax import lax
 import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import networkx as nx
 import numpy as np
 import pytest
@@ -453,34 +457,93 @@ def _gossip_worker(plan, x_i):
   return out
 
 
+_RUN_CASES = (('ring', 8, {}), ('torus', 6, {}), ('exponential', 8, {}),
+              ('hypercube', 4, {}), ('complete', 5, {}), ('complete', 1, {}),
+              ('erdos_renyi', 10, dict(p=0.4, seed=2)))
+
+
+class PlanUnderVmapTest(chex.TestCase):
+  """The static plans as per-worker ppermutes under vmap, jitted and op by op."""
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.named_parameters(
+      *[(f'{name}_{m}', (name, m, kw)) for name, m, kw in _RUN_CASES])
+  def test_plan_runs_under_vmap_ppermute(self, case):
+    topo = _make(case)
+    m = topo.num_workers
+    x = np.random.default_rng(0).normal(size=(m, 5))
+    step = self.variant(jax.vmap(functools.partial(_gossip_worker, topo.plan),
+                                 axis_name='w'))
+    out = step(jnp.asarray(x, jnp.float32))
+    chex.assert_shape(out, (m, 5))
+    chex.assert_tree_all_finite(out)
+    chex.assert_trees_all_close(out, jnp.asarray(topo.weights @ x, jnp.float32),
+                                atol=1e-5)
+    # The mean is kept, and a consensus is a fixed point.
+    chex.assert_trees_all_close(out.mean(0), jnp.asarray(x.mean(0), jnp.float32),
+                                atol=1e-6)
+    same = jnp.broadcast_to(jnp.asarray(x[:1], jnp.float32), (m, 5))
+    chex.assert_trees_all_close(step(same), same, rtol=1e-6)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_random_family_runs_under_vmap_with_lax_switch(self):
+    topo = topology.make_topology('matching', 6)
+
+    def worker(x_i, choice):
+      branches = [functools.partial(_gossip_worker, plan) for plan in topo.plans]
+      return lax.switch(choice, branches, x_i)
+
+    @self.variant
+    def step(x, key):
+      choice = topo.sample_choice_jax(key)
+      return jax.vmap(worker, axis_name='w', in_axes=(0, None))(x, choice), choice
+
+    x = np.random.default_rng(0).normal(size=(6, 5))
+    drawn = set()
+    for seed in range(4):
+      out, choice = step(jnp.asarray(x, jnp.float32), jax.random.key(seed))
+      chex.assert_shape(out, (6, 5))
+      chex.assert_trees_all_close(
+          out, jnp.asarray(topo.weights_for(int(choice)) @ x, jnp.float32), atol=1e-5)
+      drawn.add(int(choice))
+    assert len(drawn) > 1      # the key picks the member
+
+
+# --- The plans on 8 devices: one worker per device, ppermute as a real collective.
+
+_COLLECTIVE = re.compile(r' = (.+?) (collective-permute|all-gather|all-reduce|'
+                         r'reduce-scatter|all-to-all)(?:-start)?\(')
+
+
+def _mesh8() -> Mesh:
+  assert len(jax.devices()) >= 8, 'tests/conftest.py gives JAX 8 CPU devices'
+  return Mesh(np.array(jax.devices()[:8]), ('w',),
+              axis_types=(jax.sharding.AxisType.Auto,))
+
+
 @pytest.mark.parametrize('case', [
-    ('ring', 8, {}), ('torus', 6, {}), ('exponential', 8, {}),
-    ('hypercube', 4, {}), ('complete', 5, {}), ('complete', 1, {}),
-    ('erdos_renyi', 10, dict(p=0.4, seed=2)),
-], ids=lambda c: f'{c[0]}-{c[1]}')
-def test_plan_runs_under_vmap_ppermute(case):
+    ('ring', 8, {}), ('torus', 8, {}), ('exponential', 8, {}), ('hypercube', 8, {}),
+    ('complete', 8, {}), ('erdos_renyi', 8, dict(p=0.5, seed=1)), ('matching', 8, {}),
+], ids=lambda c: c[0])
+def test_plans_run_as_collective_permutes_on_8_devices(case):
+  """Under shard_map each plan is W, and its program moves data by ppermutes only."""
   topo = _make(case)
-  x = np.random.default_rng(0).normal(size=(topo.num_workers, 5))
-  step = jax.jit(jax.vmap(functools.partial(_gossip_worker, topo.plan),
-                          axis_name='w'))
-  np.testing.assert_allclose(step(jnp.asarray(x, jnp.float32)),
-                             topo.weights @ x, atol=1e-5)
+  mesh = _mesh8()
+  spec = P('w')
 
-
-def test_random_family_runs_under_vmap_with_lax_switch():
-  topo = topology.make_topology('matching', 6)
-
-  def worker(x_i, choice):
+  def block(x, choice):    # one worker per device
     branches = [functools.partial(_gossip_worker, plan) for plan in topo.plans]
-    return lax.switch(choice, branches, x_i)
+    return lax.switch(choice, branches, x[0])[None]
 
-  @jax.jit
-  def step(x, key):
-    choice = topo.sample_choice_jax(key)
-    return jax.vmap(worker, axis_name='w', in_axes=(0, None))(x, choice), choice
-
-  x = np.random.default_rng(0).normal(size=(6, 5))
-  for seed in range(4):
-    out, choice = step(jnp.asarray(x, jnp.float32), jax.random.key(seed))
-    np.testing.assert_allclose(out, topo.weights_for(int(choice)) @ x,
-                               atol=1e-5)
+  step = jax.jit(jax.shard_map(block, mesh=mesh, in_specs=(spec, P()), out_specs=spec))
+  x = np.random.default_rng(1).normal(size=(8, 5))
+  x_on_mesh = jax.device_put(jnp.asarray(x, jnp.float32), NamedSharding(mesh, spec))
+  for choice in range(topo.num_choices):
+    out = step(x_on_mesh, jnp.int32(choice))
+    chex.assert_shape(out, (8, 5))
+    chex.assert_trees_all_close(
+        out, jnp.asarray(topo.weights_for(choice) @ x, jnp.float32), atol=1e-5)
+    assert {s.data.shape for s in out.addressable_shards} == {(1, 5)}
+  kinds = {kind for _, kind in _COLLECTIVE.findall(
+      step.lower(x_on_mesh, jnp.int32(0)).compile().as_text())}
+  assert kinds == {'collective-permute'}, kinds
