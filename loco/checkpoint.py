@@ -97,8 +97,10 @@ class Checkpointer:
     # ValueError with the OS error code in its text; give it back as an OSError.
     try:
       yield
-    except (OSError, CheckpointError):
+    except CheckpointError:
       raise
+    except OSError as e:
+      raise OSError(e.errno, e.strerror, e.filename or self.directory) from e
     except Exception as e:  # pylint: disable=broad-except
       code = re.search(r"os_error_code='?(\d+)", str(e))
       if code:

@@ -27,9 +27,7 @@ import re
 import traceback
 from typing import Any, Mapping, Sequence
 
-from absl import flags
 from ml_collections import config_dict
-from ml_collections import config_flags
 
 from loco.errors import ConfigError
 
@@ -264,26 +262,6 @@ def _as_lists(value):
   return [_as_lists(x) if isinstance(x, (list, tuple)) else x for x in value]
 
 
-class _ListParser(flags.ArgumentParser):
-  """config_flags' parser for list-valued keys: a Python literal, `[1, 2, 1, 1]`."""
-
-  def parse(self, argument):
-    if not isinstance(argument, str):   # the default: None or the config's list
-      return argument
-    value = ast.literal_eval(argument)
-    if not isinstance(value, (list, tuple)):
-      raise ValueError(f'{argument!r} is not a list.')
-    return _as_lists(value)
-
-  def flag_type(self):
-    return 'list'
-
-
-# loco.main's --config flag applies overrides through config_flags, which has no parser
-# for list-valued keys of its own.
-config_flags.register_flag_parser_for_type(list, _ListParser())
-
-
 def split_argv(argv: Sequence[str]) -> tuple[str | None, dict[str, Any]]:
   """(config file, overrides) of a `loco.main` command line; other flags are left out.
 
@@ -299,13 +277,21 @@ def split_argv(argv: Sequence[str]) -> tuple[str | None, dict[str, Any]]:
   Raises:
     ConfigError: an override names an unknown key or has no value.
   """
-  spec, overrides = None, {}
+  spec, overrides, _ = split_command_line(argv)
+  return spec, overrides
+
+
+def split_command_line(argv: Sequence[str]
+                       ) -> tuple[str | None, dict[str, Any], list[str]]:
+  """`split_argv`, plus the arguments that are neither --config nor an override."""
+  spec, overrides, rest = None, {}, []
   args = list(argv)
   i = 0
   while i < len(args):
     arg = args[i]
     i += 1
     if arg == '--':
+      rest += args[i - 1:]
       break
     match = _CONFIG_FLAG.match(arg)
     if match:
@@ -316,6 +302,7 @@ def split_argv(argv: Sequence[str]) -> tuple[str | None, dict[str, Any]]:
       continue
     match = _OVERRIDE.match(arg)
     if not match:
+      rest.append(arg)
       continue
     negated, key, has_value, text = match.groups()
     _check_key(key)
@@ -333,7 +320,7 @@ def split_argv(argv: Sequence[str]) -> tuple[str | None, dict[str, Any]]:
       overrides[key], i = args[i], i + 1
     else:
       raise ConfigError(f'--config.{key} needs a value: --config.{key}=VALUE.')
-  return spec, overrides
+  return spec, overrides, rest
 
 
 def load(spec: str, overrides: Mapping[str, Any] | None = None) -> config_dict.ConfigDict:

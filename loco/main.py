@@ -10,12 +10,13 @@ import traceback
 from absl import app
 from absl import logging
 from absl import flags
-from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file(
-    'config', None, 'Experiment config file (experiments/*.py).', lock_config=True)
+_CONFIG = flags.DEFINE_string(
+    'config', None, 'Experiment config file (experiments/*.py, or FILE.py:VARIANT); '
+    'override any key with --config.KEY=VALUE.')
 _WORKDIR = flags.DEFINE_string(
     'workdir', None, 'Run directory; re-running in the same one resumes the run.')
+_LOADED = {}   # 'config': the ConfigDict that _parse_flags loaded
 _DISTRIBUTED = flags.DEFINE_bool(
     'distributed', False, 'Call jax.distributed.initialize() first: one process per '
     'host of a TPU pod slice or a SLURM job (launch/MULTIHOST.md).')
@@ -33,7 +34,7 @@ def main(argv):
   logging.set_verbosity(logging.WARNING)   # orbax and tfds are chatty at INFO
   from loco import configs
   from loco.errors import Interrupted, LocoError
-  config = _CONFIG.value   # _parse_flags checked that the file and overrides load
+  config = _LOADED['config']   # _parse_flags loaded the file and its overrides
   try:
     configs.validate(config)   # keys, types and ranges, before any process waits
   except LocoError as e:
@@ -42,6 +43,7 @@ def main(argv):
   if _DISTRIBUTED.value:   # before anything touches a JAX backend
     _initialize_distributed()
   from loco import train
+  train.enable_compilation_cache()
   workdir = _WORKDIR.value or f'runs/{_config_name()}'
   # SIGTERM (a scheduler, loco.sweep stopping) stops the run like Ctrl-C.
   signal.signal(signal.SIGTERM, _interrupt)
@@ -59,14 +61,13 @@ def main(argv):
 
 def _quiet_background_checkpoint_errors() -> None:
   """Orbax re-raises a failed background save in the main thread, which loco prints as
-  one line; the tracebacks its worker threads print and log first are noise."""
-  default = threading.excepthook
+  one line; what its worker threads and event loops print and log first is noise."""
+  def from_orbax(tb) -> bool:
+    return '/orbax/' in ''.join(traceback.format_tb(tb))
 
-  def hook(args):
-    if '/orbax/' not in ''.join(traceback.format_tb(args.exc_traceback)):
-      default(args)
-
-  threading.excepthook = hook
+  default_hook = threading.excepthook
+  threading.excepthook = lambda args: (None if from_orbax(args.exc_traceback)
+                                       else default_hook(args))
   default_unraisable = sys.unraisablehook
 
   def unraisable(args):   # tensorstore callbacks into orbax's closed event loop
@@ -75,8 +76,16 @@ def _quiet_background_checkpoint_errors() -> None:
       default_unraisable(args)
 
   sys.unraisablehook = unraisable
-  logging.get_absl_logger().addFilter(
-      lambda record: not ('/orbax/' in record.pathname and record.levelno >= py_logging.ERROR))
+
+  def keep(record) -> bool:
+    if record.levelno < py_logging.ERROR:
+      return True
+    exc = record.exc_info[1] if record.exc_info else None
+    return not ('/orbax/' in record.pathname or 'orbax-checkpoint-tmp' in record.getMessage()
+                or (exc is not None and from_orbax(exc.__traceback__)))
+
+  logging.get_absl_logger().addFilter(keep)
+  py_logging.getLogger('asyncio').addFilter(keep)
 
 
 def _interrupt(signum, frame):
@@ -94,26 +103,25 @@ def _initialize_distributed() -> None:
 
 
 def _config_name() -> str:
-  path = config_flags.get_config_filename(flags.FLAGS['config'])
-  return os.path.splitext(os.path.basename(path.split(':')[0]))[0]
+  return os.path.splitext(os.path.basename(_CONFIG.value.split(':')[0]))[0]
 
 
 def _parse_flags(argv):
   """Parses flags; a bad flag, config file or override is one line on stderr, exit code 2.
 
-  loco.configs loads the config file with its overrides first, so that a missing or
+  loco.configs loads the config file with its overrides (once), so that a missing or
   broken file, an unknown key (with the nearest valid ones) or a malformed value reads
-  as one sentence; the --config flag then builds the same config.
+  as one sentence; absl parses the other flags.
   """
-  from loco import configs   # also gives config_flags a parser for list-valued keys
+  from loco import configs
   from loco.errors import ConfigError
   try:
-    spec, overrides = configs.split_argv(argv[1:])
+    spec, overrides, rest = configs.split_command_line(argv[1:])
     if spec is not None:
-      configs.load(spec, overrides)
+      _LOADED['config'] = configs.load(spec, overrides)
     elif overrides:
       raise ConfigError('--config.KEY=VALUE needs a config file: --config=FILE.')
-    return flags.FLAGS(argv)
+    return flags.FLAGS([argv[0], *rest] + ([f'--config={spec}'] if spec else []))
   except ConfigError as e:
     print(f'loco: error: {e}', file=sys.stderr)
     sys.exit(2)

@@ -49,9 +49,12 @@ class MetricsWriter:
     os.replace(tmp, self.path)
 
   def write(self, record: dict[str, Any]) -> None:
-    self._file.write(json.dumps(record) + '\n')
-    self._file.flush()
-    os.fsync(self._file.fileno())
+    try:
+      self._file.write(json.dumps(record) + '\n')
+      self._file.flush()
+      os.fsync(self._file.fileno())
+    except OSError as e:   # name the file: a failed write() does not
+      raise OSError(e.errno, e.strerror, self.path) from e
     if self._tb is not None:
       from tensorboardX import summary
       from tensorboardX.proto import event_pb2

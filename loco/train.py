@@ -9,7 +9,9 @@ finite before the state is written.
 import dataclasses
 import functools
 import math
+import os
 import sys
+import threading
 import time
 from typing import Any
 
@@ -156,8 +158,9 @@ def make_train_chunk(algorithm: Algorithm, model_cfg, graphdef, mesh=None,
   return jax.jit(train_chunk, donate_argnums=0)
 
 
-def init_state(exp: Experiment, algorithm: Algorithm, key: jax.Array):
-  """(graphdef, state): the model's structure and the algorithm's state, in one jit.
+def init_state(exp: Experiment, algorithm: Algorithm, key: jax.Array, mesh=None):
+  """(graphdef, init, abstract): the model's structure, the state's jitted init (call
+  it with `key`) and the state's shapes, dtypes and shardings (for compiling ahead).
 
   Jitted outputs never share buffers, so the state can be donated even where an init
   aliases (an anchor or an auxiliary variable equal to the params).
@@ -165,9 +168,64 @@ def init_state(exp: Experiment, algorithm: Algorithm, key: jax.Array):
   params_key, alg_key = jax.random.split(key)
   graphdef = jax.eval_shape(functools.partial(model_lib.init_params, exp.model),
                             params_key)[0]
-  init = lambda k1, k2: algorithm.init(model_lib.init_params(exp.model, k1)[1],
-                                       exp.run.num_workers, k2)
-  return graphdef, jax.jit(init)(params_key, alg_key)
+
+  def init(key):
+    params_key, alg_key = jax.random.split(key)
+    return algorithm.init(model_lib.init_params(exp.model, params_key)[1],
+                          exp.run.num_workers, alg_key)
+
+  abstract = jax.eval_shape(init, key)
+  shardings = workers.state_shardings(abstract, mesh)
+  if shardings is not None:
+    abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            abstract, shardings)
+  jitted = jax.jit(init) if shardings is None else jax.jit(init, out_shardings=shardings)
+  return graphdef, jitted, abstract
+
+
+def enable_compilation_cache() -> str | None:
+  """Turns on JAX's persistent compilation cache; returns its folder (None if off).
+
+  The folder is $LOCO_JAX_CACHE (default ~/.cache/loco/jax; an empty value turns it
+  off), unless jax_compilation_cache_dir is already set. A run then compiles its step
+  once per machine and config, not at every start. Call before anything compiles.
+  """
+  if jax.config.jax_compilation_cache_dir:
+    return jax.config.jax_compilation_cache_dir
+  path = os.environ.get('LOCO_JAX_CACHE', os.path.join('~', '.cache', 'loco', 'jax'))
+  if not path:
+    return None
+  path = os.path.expanduser(path)
+  jax.config.update('jax_compilation_cache_dir', path)
+  jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.2)
+  return path
+
+
+class _CompileAhead:
+  """Compiles a jitted function for abstract arguments in a background thread.
+
+  XLA compiles without holding the GIL, so the train chunk compiles while the main
+  thread initialises the state and reads the data. The thread is not a daemon: a run
+  that fails early lets it finish (a daemon thread still inside XLA when Python exits
+  aborts the process).
+  """
+
+  def __init__(self, fn, *args):
+    self._result = self._error = None
+    self._thread = threading.Thread(target=self._compile, args=(fn, args), daemon=False)
+    self._thread.start()
+
+  def _compile(self, fn, args):
+    try:
+      self._result = fn.lower(*args).compile()
+    except BaseException as e:  # re-raised in the main thread by get()
+      self._error = e
+
+  def get(self):
+    self._thread.join()
+    if self._error is not None:
+      raise self._error
+    return self._result
 
 
 def _pad_steps(tree, length: int):
@@ -376,8 +434,17 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
       note(f'the run in {wd.path} finished before (step {start} of {total}); nothing to do.')
       return wd.last_record()
 
-  graphdef, state = init_state(exp, algorithm, jax.random.PRNGKey(r.seed))
-  state = workers.shard_state(state, mesh)
+  key = jax.random.PRNGKey(r.seed)
+  graphdef, init, abstract_state = init_state(exp, algorithm, key, mesh)
+  train_chunk = make_train_chunk(algorithm, exp.model, graphdef, mesh, r.grad_mode)
+  chunk_len = min(r.log_every, total)
+  batches_shape = (chunk_len, r.num_workers, r.batch_per_worker, r.seq_len + 1)
+  ahead = _CompileAhead(
+      train_chunk, abstract_state,
+      jax.ShapeDtypeStruct(batches_shape, jnp.int32, sharding=workers.steps_sharding(mesh)),
+      None if timeline is None else _pad_steps(timeline.contexts(0, 1), chunk_len),
+      jax.ShapeDtypeStruct((chunk_len,), jnp.bool_))
+  state = init(key)
   clock.lap('init')
 
   train_data = data_lib.make_train_iterator(
@@ -399,12 +466,10 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
     _write_config_json(wd, config, exp)
   clock.lap('restore')
 
-  train_chunk = make_train_chunk(algorithm, exp.model, graphdef, mesh, r.grad_mode)
   evaluate = make_evaluator(exp.model, graphdef, r.eval_per_worker)
   check_finite = jax.jit(_all_finite)
   writer = MetricsWriter(wd.path, resume_step=start, note=note) if is_main else _NoWriter()
   progress = ProgressBar(total, start, enabled=r.progress and is_main)
-  chunk_len = min(r.log_every, total)
   compiled = None
   last: dict[str, Any] = {}
 
@@ -461,7 +526,7 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
     k, batches, contexts, valid, data_state = next_chunk(step)
     if compiled is None:
       clock.lap('first_batch')
-      compiled = train_chunk.lower(state, batches, contexts, valid).compile()
+      compiled = ahead.get()
       clock.lap('compile')
       t_mark = time.perf_counter()
     state, outputs = compiled(state, batches, contexts, valid)

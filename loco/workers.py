@@ -105,19 +105,24 @@ def shard(tree: PyTree, mesh: Mesh | None) -> PyTree:
   return jax.device_put(tree, worker_sharding(mesh, tree))
 
 
+def steps_sharding(mesh: Mesh | None) -> NamedSharding | None:
+  """The sharding of a [steps, workers, ...] array: the workers axis on the mesh."""
+  return None if mesh is None else NamedSharding(mesh, PartitionSpec(None, WORKERS))
+
+
 def shard_steps(batches_KxM, mesh: Mesh | None):
   """Places a [steps, workers, ...] array of batches: the workers axis on the mesh."""
   if mesh is None:
     return batches_KxM
-  return jax.device_put(batches_KxM, NamedSharding(mesh, PartitionSpec(None, WORKERS)))
+  return jax.device_put(batches_KxM, steps_sharding(mesh))
 
 
-def shard_state(state, mesh: Mesh | None):
-  """Places a LocoState: per-worker fields on the workers axis, step and key replicated."""
+def state_shardings(state, mesh: Mesh | None):
+  """Shardings of a LocoState: per-worker fields on the workers axis, step and key
+  replicated (None without a mesh)."""
   if mesh is None:
-    return state
+    return None
   replicated = NamedSharding(mesh, PartitionSpec())
   stacked = {k: v for k, v in state._asdict().items() if k not in ('step', 'key')}
-  return state._replace(step=jax.device_put(state.step, replicated),
-                        key=jax.device_put(state.key, replicated),
-                        **shard(stacked, mesh))
+  return state._replace(step=replicated, key=replicated,
+                        **worker_sharding(mesh, stacked))

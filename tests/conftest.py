@@ -58,8 +58,6 @@ sys.addaudithook(_audit)
 import chex  # noqa: E402  (after HOME is redirected)
 from absl import logging  # noqa: E402
 
-from tests.nano import make_nano_config  # noqa: E402
-
 # Eight CPU devices for the mesh tests (chex sets XLA_FLAGS before JAX starts; unused
 # devices cost nothing, and one-device code runs on the first). A subprocess that sets
 # its own device count keeps it.
@@ -95,4 +93,5 @@ def data_dir(tmp_path_factory) -> str:
 
 @pytest.fixture
 def nano_config(small_corpus_glob, data_dir):
+  from tests.nano import make_nano_config
   return make_nano_config(small_corpus_glob, data_dir)

@@ -216,7 +216,7 @@ def test_runs_in_the_train_chunk_on_the_model():
   chunk = train.make_train_chunk(alg, cfg, graphdef)
   state = alg.init(params, 2, jax.random.PRNGKey(1))
   batches = np.random.default_rng(0).integers(0, 64, (6, 2, 2, 17), dtype=np.int32)
-  state, (losses, info) = chunk(state, jnp.asarray(batches))
+  state, (losses, info) = chunk(state, jnp.asarray(batches), None, np.ones(6, bool))
   assert np.all(np.isfinite(np.asarray(losses)))
   np.testing.assert_array_equal(info.fragment, [-1, 1, -1, 2, -1, 0])
   sent = np.asarray(info.bytes_sent)[:, 0]

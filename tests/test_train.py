@@ -11,7 +11,7 @@ import pytest
 
 from loco import algorithms
 from loco import train
-from loco.errors import CheckpointError, ConfigError, DataError, DivergenceError
+from loco.errors import CheckpointError, ConfigError, DataError
 from loco.metrics import TIMING_KEYS, read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -68,19 +68,6 @@ def test_every_algorithm_trains_through_the_loop(nano_config, tmp_path, name):
   assert record['syncs'] > 0 and record['bytes_sent'] > 0
 
 
-def test_divergence_stops_with_the_step_and_keeps_the_checkpoint(nano_config, tmp_path):
-  nano_config.steps = 40
-  nano_config.optimizer.clip_norm = 0.0
-  workdir = str(tmp_path / 'run')
-  train.run(nano_config, workdir)                       # a good run to step 40
-  nano_config.steps = 60
-  nano_config.optimizer.lr = 1e30                       # resumes at 40, then explodes
-  nano_config.optimizer.decay_steps = 1000
-  with pytest.raises(DivergenceError, match=r'at step \d+; the last good checkpoint \(step 40\)'):
-    train.run(nano_config, workdir)
-  assert os.path.isdir(os.path.join(workdir, 'checkpoints', '40'))
-
-
 def test_corrupt_checkpoint_is_a_clear_error(nano_config, tmp_path):
   workdir = str(tmp_path / 'run')
   train.run(nano_config, workdir)
@@ -89,6 +76,7 @@ def test_corrupt_checkpoint_is_a_clear_error(nano_config, tmp_path):
     for name in files:
       with open(os.path.join(root, name), 'wb') as f:
         f.write(b'garbage')
+  nano_config.steps = 30          # resuming needs the corrupt step-20 checkpoint
   with pytest.raises(CheckpointError, match='cannot be read'):
     train.run(nano_config, workdir)
   assert os.path.isdir(os.path.join(workdir, 'checkpoints', '10'))

@@ -81,7 +81,7 @@ class TfdsDocuments(Documents):
 # (their listing, with sizes and mtimes, is the cache key).
 _stdlib_spec = functools.cache(corpus.stdlib_spec)
 _BUILDERS: dict[tuple[str, str], corpus.LocoCorpus] = {}
-_DOCUMENTS: dict[tuple[str, str, str], Documents] = {}
+_DOCUMENTS: dict[tuple[str, str, str, int], Documents] = {}
 
 
 def _corpus_spec(cfg: config_lib.DataConfig) -> corpus.CorpusSpec:
@@ -99,7 +99,7 @@ def _prepared(spec: corpus.CorpusSpec, data_dir: str) -> corpus.LocoCorpus:
 
 def _open_corpus(cfg: config_lib.DataConfig, split: str) -> Documents:
   spec = _corpus_spec(cfg)
-  key = (spec.key, cfg.resolved_data_dir, split)
+  key = (spec.key, cfg.resolved_data_dir, split, IN_MEMORY_MAX_BYTES)
   builder = _prepared(spec, cfg.resolved_data_dir)
   if key not in _DOCUMENTS:
     _DOCUMENTS[key] = _read_corpus(cfg, spec, builder, split)
