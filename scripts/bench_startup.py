@@ -37,6 +37,18 @@ def child(spec: str, overrides: dict, workdir: str, t_launch: float) -> None:
   train.run(config, workdir, timings=timings)
   t2 = time.time()
   out = dict(python=t0 - t_launch, imports=t1 - t0, **timings, end_to_end=t2 - t_launch)
+  # Throughput after the first chunk: as reported (each record's tokens over its
+  # seconds) and from the wall clock (the same tokens over the loop's wall time).
+  from loco.metrics import read_metrics
+  records = read_metrics(workdir)[1:]
+  if records:
+    tokens = records[-1]['tokens'] - read_metrics(workdir)[0]['tokens']
+    reported = sum(r2['tokens'] - r1['tokens'] for r1, r2 in
+                   zip(read_metrics(workdir), records)) / sum(
+                       (r2['tokens'] - r1['tokens']) / r2['tokens_per_second']
+                       for r1, r2 in zip(read_metrics(workdir), records))
+    loop = out['end_to_end'] - sum(out.get(p, 0.0) for p in PHASES)
+    out.update(reported_tokens_per_second=reported, wall_tokens_per_second=tokens / loop)
   print('TIMINGS ' + json.dumps(out))
 
 
@@ -77,6 +89,10 @@ def main() -> None:
   first_step = [sum(r.get(p, 0.0) for p in PHASES[:-1]) for r in rows]
   print(f'{"to the first step":<22}' + ''.join(f'{t:10.2f}' for t in first_step))
   print(f'{"end to end":<22}' + ''.join(f'{r["end_to_end"]:10.2f}' for r in rows))
+  for key in ('reported_tokens_per_second', 'wall_tokens_per_second'):
+    if all(key in r for r in rows):
+      print(f'{key.replace("_tokens_per_second", " tok/s"):<22}'
+            + ''.join(f'{r[key]:10,.0f}' for r in rows))
 
 
 if __name__ == '__main__':
