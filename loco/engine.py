@@ -47,13 +47,20 @@ class StepContext(NamedTuple):
 
 
 class StepInfo(NamedTuple):
-  """What one step put on the wire, per worker.
+  """What one step put on the wire, per worker: the single record the network clock
+  reads (DESIGN §5), so a run can be timed on any network from it alone.
 
   Attributes:
     bytes_sent: [M] float32, bytes each worker sent this step.
     bytes_received: [M] float32, bytes each worker received this step.
     comms: [M] int32, communication events each worker took part in this step.
     synced: bool scalar, whether the outer step ran this step.
+    kind: [M] int32, each worker's collective this step (an index of `comm.KINDS`:
+      none, all_reduce, all_gather, gossip).
+    payload: [M] float32, bytes of one message (the all-reduced tree, the gathered
+      message, or what crossed one gossip edge).
+    peers: [M, M] bool, peers[i, j]: worker i exchanged with worker j this step (the
+      edges used, or the other participants of a collective).
     fragment: int32 scalar, the parameter fragment whose sync started this step (-1:
       none), or None for algorithms that sync the whole model (loco.streaming).
     overlap_steps: int32 scalar, inner steps that the communication started this step
@@ -64,6 +71,9 @@ class StepInfo(NamedTuple):
   bytes_received: jax.Array
   comms: jax.Array
   synced: jax.Array
+  kind: jax.Array | None = None
+  payload: jax.Array | None = None
+  peers: jax.Array | None = None
   fragment: jax.Array | None = None
   overlap_steps: jax.Array | None = None
 
@@ -90,10 +100,27 @@ class LocoState(NamedTuple):
   key: jax.Array
 
 
+class AsyncReplay(NamedTuple):
+  """What the asynchronous replay (loco/schedule.py) needs to know of an algorithm whose
+  rounds are pairwise exchanges in the outer chain (GASLoC, NoLoCo): the schedule is
+  simulated before training, so it cannot be read from the steps' StepInfo.
+
+  Attributes:
+    sync_every: H, local steps between a worker's exchanges.
+    peers: `peers(M)` -> [M, M] bool, who may exchange with whom.
+    wire_dtype: the dtype models travel at ('float32', 'bfloat16', ...).
+  """
+  sync_every: int
+  peers: Callable[[int], Any]
+  wire_dtype: str = 'float32'
+
+
 class Algorithm(NamedTuple):
-  """An algorithm: `init(params, num_workers, key)` and `step(state, grads, ctx=None)`."""
+  """An algorithm: `init(params, num_workers, key)` and `step(state, grads, ctx=None)`;
+  `replay` is set by algorithms that `network.mode='async'` can drive."""
   init: Callable[..., LocoState]
   step: Callable[..., tuple[LocoState, StepInfo]]
+  replay: AsyncReplay | None = None
 
 
 def per_worker_context(ctx: StepContext | None, num_workers: int):
@@ -116,17 +143,21 @@ def inner_step(inner: optax.GradientTransformationExtraArgs, params: PyTree,
   """One worker's inner step, inside the worker map; inactive workers keep everything.
 
   Returns:
-    (params, inner_state, bytes_sent, bytes_received, comms) of this worker.
+    (params, inner_state, wire) of this worker (`comm.Wire`).
   """
   updates, new_inner = inner.update(grads, inner_state, params, context=context)
   new_params = optax.apply_updates(params, updates)
   # Inactive workers neither step nor communicate in the inner chain.
   params = _where(active, new_params, params)
   inner_state = _where(active, new_inner, inner_state)
-  sent, received, events = comm.wire_bytes(new_inner)
-  zero = jnp.zeros((), jnp.float32)
-  return (params, inner_state, jnp.where(active, sent, zero),
-          jnp.where(active, received, zero), jnp.where(active, events, 0))
+  return params, inner_state, comm.wire_bytes(new_inner).where(active)
+
+
+def step_info(wire: comm.Wire, synced: jax.Array, **fields) -> StepInfo:
+  """The StepInfo of a step from its worker-stacked `comm.Wire` ([M] leaves)."""
+  return StepInfo(bytes_sent=wire.sent, bytes_received=wire.received, comms=wire.events,
+                  synced=synced, kind=wire.kind, payload=wire.payload, peers=wire.peers,
+                  **fields)
 
 
 def local_updates(
@@ -180,25 +211,23 @@ def local_updates(
   def worker_step(params, inner_state, anchor, outer_state, grads, active, alive,
                   mixing, do_sync, key):
     context = comm.WorkerContext(active=active, alive=alive, mixing=mixing, key=key)
-    params, inner_state, sent, received, comms = inner_step(
-        inner, params, inner_state, grads, active, context)
+    params, inner_state, wire = inner_step(inner, params, inner_state, grads, active,
+                                           context)
     if outer is None:
-      return params, inner_state, anchor, outer_state, sent, received, comms
+      return params, inner_state, anchor, outer_state, wire
 
     def sync(params, anchor, outer_state):
       delta = jax.tree.map(jnp.subtract, anchor, params)
       updates, outer_state = outer.update(delta, outer_state, anchor, context=context)
       anchor = optax.apply_updates(anchor, updates)
-      return (anchor, anchor, outer_state) + comm.wire_bytes(outer_state)
+      return anchor, anchor, outer_state, comm.wire_bytes(outer_state)
 
     def no_sync(params, anchor, outer_state):
-      zero = jnp.zeros((), jnp.float32)
-      return params, anchor, outer_state, zero, zero, jnp.zeros((), jnp.int32)
+      return params, anchor, outer_state, comm.no_wire()
 
-    params, anchor, outer_state, o_sent, o_received, o_comms = jax.lax.cond(
+    params, anchor, outer_state, outer_wire = jax.lax.cond(
         do_sync, sync, no_sync, params, anchor, outer_state)
-    return (params, inner_state, anchor, outer_state,
-            sent + o_sent, received + o_received, comms + o_comms)
+    return params, inner_state, anchor, outer_state, wire.merge(outer_wire)
 
   def step(state: LocoState, grads: PyTree,
            ctx: StepContext | None = None) -> tuple[LocoState, StepInfo]:
@@ -215,12 +244,11 @@ def local_updates(
     outs = vmap(worker_step, (0, 0, 0, 0, 0, 0, 0, None, sync_axis, None))(
         state.params, state.inner_state, state.anchor, state.outer_state, grads,
         active, alive, mixing, do_sync, step_key)
-    params, inner_state, anchor, outer_state, sent, received, comms = outs
+    params, inner_state, anchor, outer_state, wire = outs
     new_state = state._replace(step=state.step + 1, params=params,
                                inner_state=inner_state, anchor=anchor,
                                outer_state=outer_state, key=key)
-    synced = jnp.any(do_sync) if outer is not None else jnp.any(comms > 0)
-    return new_state, StepInfo(bytes_sent=sent, bytes_received=received,
-                               comms=comms, synced=synced)
+    synced = jnp.any(do_sync) if outer is not None else jnp.any(wire.events > 0)
+    return new_state, step_info(wire, synced)
 
   return Algorithm(init=init, step=step)

@@ -26,7 +26,7 @@ stalls the participants that reach its deadline before it is done.
 """
 
 import dataclasses
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -37,7 +37,6 @@ PROFILES = ('homogeneous', 'multi_region', 'lognormal', 'slow_links', 'straggler
 MODES = ('sync', 'async')
 LOCAL_WORK = ('steps', 'time')
 PEER_CHOICES = ('ready', 'sampled')
-COLLECTIVES = ('all_reduce', 'all_gather', 'gossip')
 
 GBIT = 1e9 / 8   # bytes/s in one Gbit/s
 
@@ -334,30 +333,42 @@ def gossip_finish(net: Network, start: np.ndarray, edges: np.ndarray,
 # The clock of a synchronous run.
 
 
+class StepWire(NamedTuple):
+  """One step of a run's communication log: what each worker put on the wire.
+
+  The fields of `loco.engine.StepInfo` that the clock reads, as host arrays; all [M]
+  but `peers` ([M, M] bool). `kind` indexes `loco.comm.KINDS`.
+  """
+  active: np.ndarray
+  kind: np.ndarray
+  sent: np.ndarray
+  payload: np.ndarray
+  peers: np.ndarray
+  overlap_steps: int = 0
+
+
+# loco.comm.KINDS, by index (the clock does not import the comm transforms).
+_ALL_REDUCE, _ALL_GATHER, _GOSSIP = 1, 2, 3
+
+
 @dataclasses.dataclass
 class Clock:
-  """Simulated time of a synchronous run, advanced from each chunk's StepInfo.
+  """Simulated time of a synchronous run, advanced step by step from what each step
+  put on the wire (`StepWire`): never from an algorithm's name or config, so any
+  algorithm is timed and a finished run can be re-timed on another network.
 
   Attributes:
     net: the network.
-    collective: 'all_reduce', 'all_gather' or 'gossip': how the algorithm talks.
-    edges_fn: for gossip, `edges_fn(round) -> [M, M] bool` of the round's exchanges.
     now: [M] each worker's clock.
     compute: [M] each worker's seconds spent computing.
     pending: overlapped collectives in flight: [steps_left, arrival, members].
-    rounds: communication rounds so far (the gossip round counter).
   """
   net: Network
-  collective: str
-  edges_fn: Any = None
   now: np.ndarray | None = None
   compute: np.ndarray | None = None
   pending: list = dataclasses.field(default_factory=list)
-  rounds: int = 0
 
   def __post_init__(self):
-    if self.collective not in COLLECTIVES:
-      raise ValueError(f'collective must be one of {COLLECTIVES}, got {self.collective!r}.')
     m = self.net.num_workers
     self.now = np.zeros(m) if self.now is None else np.asarray(self.now, float)
     self.compute = np.zeros(m) if self.compute is None else np.asarray(self.compute, float)
@@ -367,41 +378,38 @@ class Clock:
     """Elapsed simulated time: the slowest worker's clock."""
     return float(self.now.max())
 
-  def step(self, active: np.ndarray, sent: np.ndarray, comms: np.ndarray,
-           overlap_steps: int | None = None) -> None:
-    """Advances the clock by one step (one worker-axis row of StepInfo).
+  def step(self, wire: StepWire) -> None:
+    """Advances the clock by one step: compute, then what each worker communicated.
 
-    Args:
-      active: [M] bool, workers that computed this step.
-      sent: [M] bytes each worker sent this step.
-      comms: [M] communication events of each worker this step (> 0: took part).
-      overlap_steps: tau, steps the communication started now may run behind (None
-        or 0: it blocks this step).
+    Workers of an all-reduce or all-gather (`kind`) wait for the last of them; the
+    collective runs over them in worker order (`ring_all_reduce_seconds`) and, with
+    `overlap_steps` tau > 0, only has to be done tau steps later. A gossip step
+    exchanges over the edges in `peers`, `payload` bytes each way, each exchange
+    starting when both ends are there (`gossip_finish`).
     """
-    work = np.where(active, self.net.step_seconds, 0.0)
+    work = np.where(wire.active, self.net.step_seconds, 0.0)
     self.now = self.now + work
     self.compute = self.compute + work
     self._deliver()          # what was started tau steps ago is needed now
-    members = np.flatnonzero(np.asarray(comms) > 0)
-    if members.size:
-      self._communicate(members, np.asarray(sent, float), overlap_steps or 0)
+    kind = np.asarray(wire.kind)
+    sent = np.asarray(wire.sent, float)
+    for collective in (_ALL_REDUCE, _ALL_GATHER):
+      members = np.flatnonzero(kind == collective)
+      if members.size:
+        self._collective(collective, members, sent, np.asarray(wire.payload, float),
+                         int(wire.overlap_steps or 0))
+    gossiping = kind == _GOSSIP
+    if gossiping.any():
+      peers = np.asarray(wire.peers, bool)
+      edges = (peers | peers.T) & gossiping[:, None] & gossiping[None, :]
+      self.now = gossip_finish(self.net, self.now, edges, np.asarray(wire.payload, float))
 
-  def _communicate(self, members, sent, tau: int) -> None:
-    if self.collective == 'gossip':
-      edges = np.asarray(self.edges_fn(self.rounds), bool)
-      self.rounds += 1
-      inside = np.zeros(len(self.now), bool)
-      inside[members] = True
-      edges = edges & inside[:, None] & inside[None, :]
-      degree = np.maximum(edges.sum(1), 1)
-      self.now = gossip_finish(self.net, self.now, edges, sent / degree)
-      return
-    self.rounds += 1
+  def _collective(self, collective, members, sent, payload, tau: int) -> None:
     start = self.now[members].max()
-    if self.collective == 'all_reduce':
+    if collective == _ALL_REDUCE:
       duration = ring_all_reduce_seconds(self.net, members, sent[members].max())
     else:
-      duration = ring_all_gather_seconds(self.net, members, sent[members].max())
+      duration = ring_all_gather_seconds(self.net, members, payload[members].max())
     if tau > 0:
       self.pending.append([tau, start + duration, members])
     else:
@@ -423,14 +431,13 @@ class Clock:
     self.pending = still
 
   def state_dict(self) -> dict:
-    return dict(now=self.now.tolist(), compute=self.compute.tolist(), rounds=self.rounds,
+    return dict(now=self.now.tolist(), compute=self.compute.tolist(),
                 pending=[[int(t), float(a), [int(i) for i in mem]]
                          for t, a, mem in self.pending])
 
   def load_state_dict(self, d: dict) -> None:
     self.now = np.asarray(d['now'], float)
     self.compute = np.asarray(d['compute'], float)
-    self.rounds = int(d['rounds'])
     self.pending = [[t, a, np.asarray(mem, int)] for t, a, mem in d['pending']]
 
 

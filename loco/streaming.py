@@ -416,12 +416,10 @@ def streaming(
           params = [_merge(p, h, alpha) for p, h in zip(params, theta_hat)]
           correction = [(1.0 - alpha) * (g - h) for g, h in zip(new_anchor, theta_hat)]
           buffers = (jax.tree.leaves(mean), own, correction)
-        sent, received, events = comm.wire_bytes(new_state)
-        return params, new_anchor, new_state, buffers, sent, received, events
+        return params, new_anchor, new_state, buffers, comm.wire_bytes(new_state)
 
       def no_sync(params, anchor, state, buffers):
-        zero = jnp.zeros((), jnp.float32)
-        return params, anchor, state, buffers, zero, zero, jnp.zeros((), jnp.int32)
+        return params, anchor, state, buffers, comm.no_wire()
 
       return sync, no_sync
 
@@ -433,7 +431,7 @@ def streaming(
     def worker_step(params, inner_state, anchor, outer_state, extra, grads, active,
                     alive, mixing, key, sync_fragment_index, arrive_fragment_index):
       context = comm.WorkerContext(active=active, alive=alive, mixing=mixing, key=key)
-      params, inner_state, sent, received, comms = engine.inner_step(
+      params, inner_state, wire = engine.inner_step(
           inner, params, inner_state, grads, active, context)
       p_leaves, treedef = jax.tree.flatten(params)
       a_leaves = jax.tree.leaves(anchor)
@@ -446,11 +444,11 @@ def streaming(
         buffers = tuple(pick(b, f) for b in e_leaves) if eager else ()
         out = jax.lax.cond(sync_fragment_index == f, sync, no_sync,
                            pick(p_leaves, f), pick(a_leaves, f), outer_state[f], buffers)
-        new_p, new_a, outer_state[f], new_buffers, o_sent, o_received, o_comms = out
+        new_p, new_a, outer_state[f], new_buffers, outer_wire = out
         p_leaves, a_leaves = put(p_leaves, f, new_p), put(a_leaves, f, new_a)
         if eager:
           e_leaves = [put(b, f, nb) for b, nb in zip(e_leaves, new_buffers)]
-        sent, received, comms = sent + o_sent, received + o_received, comms + o_comms
+        wire = wire.merge(outer_wire)
       # Delivery, tau steps after the sync (the same step, after it, when tau = 0).
       for f in range(fragmentation.num_fragments):
         source = pick(e_leaves[2] if eager else a_leaves, f)
@@ -461,8 +459,7 @@ def streaming(
       anchor = jax.tree.unflatten(treedef, a_leaves)
       if eager:
         extra = EagerState(*(jax.tree.unflatten(treedef, b) for b in e_leaves))
-      return (params, inner_state, anchor, tuple(outer_state), extra,
-              sent, received, comms)
+      return params, inner_state, anchor, tuple(outer_state), extra, wire
 
     return worker_step
 
@@ -489,14 +486,13 @@ def streaming(
     outs = vmap(worker_step, (0, 0, 0, 0, 0, 0, 0, 0, None, None, None, None))(
         state.params, state.inner_state, state.anchor, state.outer_state, state.extra,
         grads, active, alive, mixing, step_key, sync_index, arrive_index)
-    params, inner_state, anchor, outer_state, extra, sent, received, comms = outs
+    params, inner_state, anchor, outer_state, extra, wire = outs
     new_state = state._replace(step=s, params=params, inner_state=inner_state,
                                anchor=anchor, outer_state=outer_state, extra=extra,
                                key=key)
     synced = sync_index >= 0
-    info = StepInfo(bytes_sent=sent, bytes_received=received, comms=comms,
-                    synced=synced, fragment=sync_index,
-                    overlap_steps=jnp.where(synced, tau, 0).astype(jnp.int32))
+    info = engine.step_info(wire, synced, fragment=sync_index,
+                            overlap_steps=jnp.where(synced, tau, 0).astype(jnp.int32))
     return new_state, info
 
   return Algorithm(init=init, step=step)

@@ -4,34 +4,33 @@ The train loop asks a `Timeline` for the contexts of each chunk of ticks (None w
 nothing is special: every worker steps, the algorithm's own sync schedule), and gives
 it back the chunk's `StepInfo` to advance the clock (DESIGN §5):
 
-- synchronous mode: `schedule.SyncSchedule` (dropout, churn) and `network.Clock`
-  (compute, then the algorithm's collective timed from the bytes it sent);
-- asynchronous mode (GASLoC, NoLoCo): `schedule.simulate_async` gives the ticks and
-  their times up front.
+- synchronous mode: `schedule.SyncSchedule` (dropout, churn) and `network.Clock`, which
+  reads only what each step reported it put on the wire (`wires`);
+- asynchronous mode (an algorithm with `Algorithm.replay`: GASLoC, NoLoCo):
+  `schedule.simulate_async` gives the ticks and their times up front.
 """
 
 from typing import Any
 
-import jax.numpy as jnp
 import numpy as np
 
-from loco import algorithms
-from loco import comm
 from loco import network as network_lib
 from loco import schedule as schedule_lib
-from loco.engine import StepContext
+from loco.engine import Algorithm, StepContext
 from loco.errors import ConfigError
 
-
-def _gossip_topology(name: str, settings: dict[str, Any], num_workers: int):
-  return comm.resolve_topology(settings['topology'], num_workers,
-                               weights=settings.get('weights', 'metropolis'),
-                               seed=settings.get('seed', 0),
-                               pairwise=name in algorithms.PAIRWISE)
+_ITEMSIZE = {'float32': 4, 'bfloat16': 2, 'float16': 2}
 
 
-def _edges(weights: np.ndarray) -> np.ndarray:
-  return (np.asarray(weights) > 0) & ~np.eye(len(weights), dtype=bool)
+def wires(active_KxM: np.ndarray, info) -> list[network_lib.StepWire]:
+  """The per-step wire records of a chunk's StepInfo ([K, ...] host arrays)."""
+  overlap = info.overlap_steps
+  return [network_lib.StepWire(
+      active=np.asarray(active_KxM[k], bool), kind=np.asarray(info.kind[k]),
+      sent=np.asarray(info.bytes_sent[k], float), payload=np.asarray(info.payload[k], float),
+      peers=np.asarray(info.peers[k], bool),
+      overlap_steps=0 if overlap is None else int(np.asarray(overlap)[k]))
+      for k in range(len(active_KxM))]
 
 
 class Timeline:
@@ -42,37 +41,28 @@ class Timeline:
     net: the network built from it.
     num_workers: M.
     steps: inner steps per worker.
-    algorithm: the registry name.
-    settings: the algorithm's keys (`algorithms.settings_of`).
+    round_steps: steps per round, for dropout (a worker drops out of whole rounds).
+    algorithm: the algorithm (its `replay`, for the asynchronous mode).
+    name: the algorithm's name, for messages.
     model_bytes: bytes of one model at float32 (for the asynchronous exchanges).
   """
 
   def __init__(self, cfg: network_lib.NetworkConfig, net: network_lib.Network, *,
-               num_workers: int, steps: int, algorithm: str, settings: dict[str, Any],
-               model_bytes: int):
+               num_workers: int, steps: int, round_steps: int, algorithm: Algorithm,
+               name: str, model_bytes: int):
     self.cfg, self.net, self.num_workers = cfg, net, num_workers
-    if algorithm not in algorithms.COLLECTIVES:
-      raise ConfigError(f'algorithm {algorithm!r} does not say how it communicates; '
-                        'register it with loco.algorithms.register(name, factory, '
-                        'collective=...) to time it on a network.')
-    collective = algorithms.COLLECTIVES[algorithm]
-    topo = None
-    if collective == 'gossip':
-      topo = _gossip_topology(algorithm, settings, num_workers)
-      if comm.is_all_reduce(topo):
-        collective = 'all_reduce'
     self.schedule = None
     if cfg.mode == 'async':
-      if algorithm not in algorithms.ASYNC:
-        raise ConfigError(f"network.mode='async' replays outer-gossip rounds; it needs "
-                          f"algorithm.name in {algorithms.ASYNC}, got {algorithm!r}.")
+      replay = algorithm.replay
+      if replay is None:
+        raise ConfigError(f"network.mode='async' replays pairwise exchanges in the outer "
+                          f"chain; algorithm {name!r} has none (gasloc and noloco do).")
       if cfg.dropout or cfg.churn:
         raise ConfigError("network.dropout and network.churn apply to network.mode='sync'.")
-      wire = jnp.dtype(comm.transport_dtype(settings.get('transport_dtype', 'float32')))
       self.schedule = schedule_lib.simulate_async(
-          net, steps=steps, sync_every=settings['sync_every'], peers=topo.adjacency,
-          exchange_bytes=model_bytes * wire.itemsize / 4, local_work=cfg.local_work,
-          peer_choice=cfg.peer_choice, seed=cfg.seed)
+          net, steps=steps, sync_every=replay.sync_every, peers=replay.peers(num_workers),
+          exchange_bytes=model_bytes * _ITEMSIZE[replay.wire_dtype] / 4,
+          local_work=cfg.local_work, peer_choice=cfg.peer_choice, seed=cfg.seed)
       self.num_ticks = self.schedule.num_ticks
       return
     if cfg.local_work != 'steps' or cfg.peer_choice != 'ready':
@@ -80,17 +70,9 @@ class Timeline:
                         "network.mode='async'.")
     self.num_ticks = steps
     self.sync = schedule_lib.SyncSchedule(
-        num_workers, round_steps=settings.get('sync_every', 1) or 1, dropout=cfg.dropout,
-        churn=cfg.churn, seed=cfg.seed)
-    edges_fn = None
-    if collective == 'gossip':
-      if topo.is_random:
-        seed = settings.get('seed', 0)
-        edges_fn = lambda r: _edges(topo.weights_for(
-            int(topo.sample_choice_jax(comm.round_key(None, seed, r)))))
-      else:
-        edges_fn = lambda r: topo.adjacency
-    self.clock = network_lib.Clock(net, collective, edges_fn)
+        num_workers, round_steps=round_steps, dropout=cfg.dropout, churn=cfg.churn,
+        seed=cfg.seed)
+    self.clock = network_lib.Clock(net)
 
   def contexts(self, start: int, count: int) -> StepContext | None:
     """The StepContext arrays ([count, ...]) of ticks start .. start + count - 1."""
@@ -114,13 +96,8 @@ class Timeline:
     """Advances the clock over a chunk of ticks from their StepInfo ([K, M] arrays)."""
     if self.schedule is not None:
       return
-    sent = np.asarray(info.bytes_sent)
-    comms = np.asarray(info.comms)
-    overlap = None if info.overlap_steps is None else np.asarray(info.overlap_steps)
-    active = self.active(start, len(sent))
-    for k in range(len(sent)):
-      self.clock.step(active[k], sent[k], comms[k],
-                      None if overlap is None else int(overlap[k]))
+    for wire in wires(self.active(start, len(info.bytes_sent)), info):
+      self.clock.step(wire)
 
   def metrics(self, end: int) -> dict[str, Any]:
     """sim_seconds, utilization (mean compute / elapsed) and idle seconds per worker."""
@@ -130,10 +107,7 @@ class Timeline:
       compute = self.schedule.compute[end - 1]
     else:
       seconds, own, compute = self.clock.seconds, self.clock.now, self.clock.compute
-    # Idle: each worker's own elapsed time (its clock) minus its compute time.
-    return dict(sim_seconds=seconds,
-                utilization=network_lib.utilization(compute, seconds),
-                idle_seconds=[round(float(t - c), 6) for t, c in zip(own, compute)])
+    return clock_metrics(seconds, own, compute)
 
   def state_dict(self) -> dict:
     return {} if self.schedule is not None else self.clock.state_dict()
@@ -143,14 +117,20 @@ class Timeline:
       self.clock.load_state_dict(d)
 
 
-def make_timeline(cfg, *, num_workers: int, steps: int, algorithm: str,
-                  algorithm_kwargs: dict[str, Any], flops_per_token: float,
+def clock_metrics(seconds: float, own: np.ndarray, compute: np.ndarray) -> dict[str, Any]:
+  """The metrics of a clock; idle: each worker's own elapsed time minus its compute."""
+  return dict(sim_seconds=seconds,
+              utilization=network_lib.utilization(compute, seconds),
+              idle_seconds=[round(float(t - c), 6) for t, c in zip(own, compute)])
+
+
+def make_timeline(cfg, *, num_workers: int, steps: int, round_steps: int,
+                  algorithm: Algorithm, name: str, flops_per_token: float,
                   tokens_per_step: int, model_bytes: int) -> Timeline | None:
   """The run's Timeline, or None without a network config."""
   if cfg is None:
     return None
   seconds = network_lib.nominal_step_seconds(cfg, flops_per_token, tokens_per_step)
   net = network_lib.make_network(cfg, num_workers, seconds)
-  settings = algorithms.settings_of(algorithm, algorithm_kwargs)
-  return Timeline(cfg, net, num_workers=num_workers, steps=steps, algorithm=algorithm,
-                  settings=settings, model_bytes=model_bytes)
+  return Timeline(cfg, net, num_workers=num_workers, steps=steps, round_steps=round_steps,
+                  algorithm=algorithm, name=name, model_bytes=model_bytes)

@@ -21,6 +21,7 @@ import ml_collections
 import numpy as np
 
 from loco import algorithms
+from loco import commlog
 from loco import configs
 from loco import data as data_lib
 from loco import model as model_lib
@@ -202,22 +203,23 @@ def enable_compilation_cache() -> str | None:
 
 
 class _CompileAhead:
-  """Compiles a jitted function for abstract arguments in a background thread.
+  """Compiles a lowered computation in a background thread.
 
   XLA compiles without holding the GIL, so the train chunk compiles while the main
-  thread initialises the state and reads the data. The thread is not a daemon: a run
-  that fails early lets it finish (a daemon thread still inside XLA when Python exits
-  aborts the process).
+  thread initialises the state and reads the data. Tracing and lowering stay in the
+  main thread: they import modules lazily, and two threads importing at once can see
+  half-initialised modules. The thread is not a daemon: a run that fails early lets it
+  finish (a daemon thread still inside XLA when Python exits aborts the process).
   """
 
-  def __init__(self, fn, *args):
+  def __init__(self, lowered):
     self._result = self._error = None
-    self._thread = threading.Thread(target=self._compile, args=(fn, args), daemon=False)
+    self._thread = threading.Thread(target=self._compile, args=(lowered,), daemon=False)
     self._thread.start()
 
-  def _compile(self, fn, args):
+  def _compile(self, lowered):
     try:
-      self._result = fn.lower(*args).compile()
+      self._result = lowered.compile()
     except BaseException as e:  # re-raised in the main thread by get()
       self._error = e
 
@@ -415,9 +417,11 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
         f'{workdir_lib.DIVERGED}): resuming it would diverge again; use a new workdir, '
         f'or delete {workdir_lib.DIVERGED} to try anyway.')
   sequence_tokens = r.batch_per_worker * r.seq_len       # one worker's tokens per step
+  round_steps = algorithms.settings_of(exp.algorithm_name,
+                                       exp.algorithm_kwargs).get('sync_every') or 1
   timeline = timeline_lib.make_timeline(
-      exp.network, num_workers=r.num_workers, steps=r.steps,
-      algorithm=exp.algorithm_name, algorithm_kwargs=exp.algorithm_kwargs,
+      exp.network, num_workers=r.num_workers, steps=r.steps, round_steps=round_steps,
+      algorithm=algorithm, name=exp.algorithm_name,
       flops_per_token=model_lib.flops_per_token(exp.model, r.seq_len),
       tokens_per_step=sequence_tokens, model_bytes=4 * model_lib.param_count(exp.model))
   # Ticks: inner steps, or the asynchronous replay's ticks.
@@ -439,11 +443,11 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
   train_chunk = make_train_chunk(algorithm, exp.model, graphdef, mesh, r.grad_mode)
   chunk_len = min(r.log_every, total)
   batches_shape = (chunk_len, r.num_workers, r.batch_per_worker, r.seq_len + 1)
-  ahead = _CompileAhead(
-      train_chunk, abstract_state,
+  ahead = _CompileAhead(train_chunk.lower(
+      abstract_state,
       jax.ShapeDtypeStruct(batches_shape, jnp.int32, sharding=workers.steps_sharding(mesh)),
       None if timeline is None else _pad_steps(timeline.contexts(0, 1), chunk_len),
-      jax.ShapeDtypeStruct((chunk_len,), jnp.bool_))
+      jax.ShapeDtypeStruct((chunk_len,), jnp.bool_)))
   state = init(key)
   clock.lap('init')
 
@@ -469,6 +473,8 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
   evaluate = make_evaluator(exp.model, graphdef, r.eval_per_worker)
   check_finite = jax.jit(_all_finite)
   writer = MetricsWriter(wd.path, resume_step=start, note=note) if is_main else _NoWriter()
+  comm_log = (commlog.CommLog(wd.path, r.num_workers, resume_step=start) if is_main
+              else _NoWriter())
   progress = ProgressBar(total, start, enabled=r.progress and is_main)
   compiled = None
   last: dict[str, Any] = {}
@@ -504,9 +510,11 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
       if is_main:
         wd.mark_diverged(bad_step, message)
       raise DivergenceError(message)
-    worker_steps = (k * r.num_workers if timeline is None
-                    else timeline.active(start_step, k).sum())
+    active = (np.ones((k, r.num_workers), bool) if timeline is None
+              else timeline.active(start_step, k))
+    worker_steps = active.sum()
     counters.add(info, worker_steps * sequence_tokens)
+    comm_log.append(start_step + 1, timeline_lib.wires(active, info))
     sim = dict(sim_seconds=0.0)
     if timeline is not None:
       timeline.advance(start_step, info)
@@ -559,6 +567,7 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
     _emit(writer, progress, *finish_chunk(*pending))
   progress.close()
   writer.close()
+  comm_log.close()
   checkpointer.wait()
   return last
 
@@ -579,10 +588,13 @@ def _fetch(tree):
 
 
 class _NoWriter:
-  """The metrics writer of processes other than process 0."""
+  """The metrics and communication-log writer of processes other than process 0."""
 
   def write(self, record: dict[str, Any]) -> None:
     del record
+
+  def append(self, *args) -> None:
+    del args
 
   def close(self) -> None:
     pass

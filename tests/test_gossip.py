@@ -317,7 +317,8 @@ class MixingOperatorTest(chex.TestCase):
       def worker(u, a):
         out, state = transform.update(u, transform.init(u), None,
                                       context=comm.WorkerContext(alive=a, key=key))
-        return out, comm.wire_bytes(state)
+        wire = comm.wire_bytes(state)
+        return out, (wire.sent, wire.received, wire.events)
 
       return jax.vmap(worker, axis_name=comm.WORKERS)(x, live)
     return mix

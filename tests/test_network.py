@@ -51,28 +51,82 @@ def test_all_gather_and_gossip_times_by_hand():
   np.testing.assert_allclose(end, [7.0, 17.0, 17.0])
 
 
+def _wire(kind, sent=0.0, payload=0.0, peers=None, overlap_steps=0, m=3):
+  """A StepWire: every worker active, all of the same kind (0 none, 1 all-reduce)."""
+  peers = ~np.eye(m, dtype=bool) if peers is None else np.asarray(peers, bool)
+  return net_lib.StepWire(active=np.ones(m, bool), kind=np.full(m, kind),
+                          sent=np.full(m, float(sent)), payload=np.full(m, float(payload)),
+                          peers=peers if kind else np.zeros((m, m), bool),
+                          overlap_steps=overlap_steps)
+
+
 def test_clock_waits_for_the_slowest_worker_and_overlap_stalls_only_when_late():
   net = _net([1.0, 3.0, 1.0], np.full((3, 3), 100.0), np.zeros((3, 3)))
-  clock = net_lib.Clock(net, 'all_reduce')
-  sent = np.full(3, 2 * 2 / 3 * 300.0)          # 300-byte payload: 4 phases of 100 B
-  clock.step(np.ones(3, bool), np.zeros(3), np.zeros(3))
+  clock = net_lib.Clock(net)
+  sent = 2 * 2 / 3 * 300.0          # 300-byte payload: 4 phases of 100 B
+  clock.step(_wire(0))
   np.testing.assert_allclose(clock.now, [1, 3, 1])
-  clock.step(np.ones(3, bool), sent, np.ones(3))
+  clock.step(_wire(1, sent, 300.0))
   np.testing.assert_allclose(clock.now, [10, 10, 10])      # start 6 (slowest) + 4 x 1 s
   np.testing.assert_allclose(clock.compute, [2, 6, 2])
   assert net_lib.utilization(clock.compute, clock.seconds) == pytest.approx(10 / 30)
   # Overlapped with tau = 2: started at 13 (worker 1), arrives at 17; worker 0 needs it
   # at the end of step +2 (its clock 12 -> stalls to 17), worker 1 at 19 (no stall).
-  clock = net_lib.Clock(net, 'all_reduce', now=np.array([10.0, 10.0, 10.0]))
-  clock.step(np.ones(3, bool), sent, np.ones(3), overlap_steps=2)
+  clock = net_lib.Clock(net, now=np.array([10.0, 10.0, 10.0]))
+  clock.step(_wire(1, sent, 300.0, overlap_steps=2))
   np.testing.assert_allclose(clock.now, [11, 13, 11])
-  clock.step(np.ones(3, bool), np.zeros(3), np.zeros(3))
+  clock.step(_wire(0))
   np.testing.assert_allclose(clock.now, [12, 16, 12])
-  clock.step(np.ones(3, bool), np.zeros(3), np.zeros(3))
+  clock.step(_wire(0))
   np.testing.assert_allclose(clock.now, [17, 19, 17])
-  restored = net_lib.Clock(net, 'all_reduce')
+  restored = net_lib.Clock(net)
   restored.load_state_dict(clock.state_dict())
   np.testing.assert_array_equal(restored.now, clock.now)
+
+
+@pytest.mark.parametrize('name', ['gasloc', 'adpsgd', 'a2cid2', 'noloco'])
+def test_the_clock_times_the_matchings_the_engine_used(nano_config, tmp_path, name):
+  """Random matchings on unequal links: the clock times exactly the edges each step
+  used, read from the steps' StepInfo (it used to draw its own matchings)."""
+  from loco import commlog
+  m = 4
+  nano_config.num_workers = m
+  nano_config.steps = 12
+  nano_config.log_every = 4
+  nano_config.eval.every = 12
+  nano_config.checkpoint.every = 12
+  nano_config.algorithm.name = name
+  if name == 'gasloc':
+    nano_config.algorithm.topology = 'matching'
+  if name in ('gasloc', 'noloco'):
+    nano_config.algorithm.sync_every = 2
+  bandwidth = [[1e12 if i == j else 1e6 * (1 + 3 * i + 7 * j + 5 * i * j) for j in range(m)]
+               for i in range(m)]
+  nano_config.network.profile = 'custom'
+  nano_config.network.bandwidth_matrix = bandwidth
+  nano_config.network.latency = 0.0
+  nano_config.network.step_seconds = 0.5
+  workdir = str(tmp_path / name)
+  record = train.run(nano_config, workdir)
+  _, log = commlog.read(workdir)
+  net = net_lib.Network(np.full(m, 0.5), np.asarray(bandwidth, float), np.zeros((m, m)))
+  now, pairs = np.zeros(m), set()
+  for step in range(1, 13):
+    now = now + 0.5
+    wire = log.get(step)
+    if wire is None:
+      continue
+    edges = wire.peers | wire.peers.T
+    assert (edges.sum(1) <= 1).all(), 'a matching: one partner per worker'
+    pairs |= {tuple(sorted(p)) for p in zip(*np.nonzero(np.triu(edges, 1)))}
+    end = now.copy()
+    for i, j in zip(*np.nonzero(np.triu(edges, 1))):    # by hand: both ends, slower way
+      done = max(now[i], now[j]) + max(wire.payload[i] / bandwidth[i][j],
+                                       wire.payload[j] / bandwidth[j][i])
+      end[i], end[j] = done, done
+    now = end
+  assert len(pairs) > 1, 'different matchings over the run'
+  assert record['sim_seconds'] == pytest.approx(now.max(), rel=1e-9)
 
 
 def test_profiles_build_the_matrices_they_describe():

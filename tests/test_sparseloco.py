@@ -104,7 +104,7 @@ def test_outer_step_matches_the_reference_code():
   outer = sparseloco_outer(error_decay=beta, topk=topk, dense_below=0)
   shapes = {'w': (64, 192), 'v': (128,), 'o': (48, 64)}
   keys = jax.random.split(jax.random.PRNGKey(3), 2 * len(shapes))
-  state = jax.vmap(outer.init)({k: jnp.zeros((m,) + s) for k, s in shapes.items()})
+  state = jax.vmap(outer.init, axis_name='workers')({k: jnp.zeros((m,) + s) for k, s in shapes.items()})
   update = jax.jit(jax.vmap(lambda d, s: outer.update(d, s, context=WorkerContext()),
                             axis_name='workers'))
   residuals = [{k: np.zeros(s, np.float32) for k, s in shapes.items()} for _ in range(m)]

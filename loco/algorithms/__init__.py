@@ -16,7 +16,6 @@ from loco.algorithms.gasloc import gasloc
 from loco.algorithms.gossip_baselines import a2cid2, adpsgd, dsgd, noloco
 from loco.algorithms.sparseloco import sparseloco
 from loco.algorithms.streaming import streaming_diloco
-from loco import network
 from loco.engine import Algorithm
 from loco.errors import ConfigError
 
@@ -34,33 +33,17 @@ REGISTRY: dict[str, Callable[..., Algorithm]] = {
 }
 
 
-# How each algorithm talks, for the network clock (loco/network.py): a ring
-# all-reduce, an all-gather, or gossip over its topology.
-COLLECTIVES: dict[str, str] = {
-    'ddp': 'all_reduce', 'diloco': 'all_reduce', 'local_sgd': 'all_reduce',
-    'streaming_diloco': 'all_reduce', 'sparseloco': 'all_gather', 'gasloc': 'gossip',
-    'dsgd': 'gossip', 'adpsgd': 'gossip', 'a2cid2': 'gossip', 'noloco': 'gossip',
-}
-# Gossip algorithms that draw one random matching per round (comm.pairwise_family).
-PAIRWISE = ('adpsgd', 'a2cid2', 'noloco')
-# Algorithms whose communication is an outer-chain gossip of local_updates: the
-# asynchronous replay (loco/schedule.py) can drive them with per-worker syncs.
-ASYNC = ('gasloc', 'noloco')
+def register(name: str, factory: Callable[..., Algorithm]) -> None:
+  """Adds an algorithm to the registry (`algorithm.name` in configs).
 
-
-def register(name: str, factory: Callable[..., Algorithm], *,
-             collective: str = 'all_reduce') -> None:
-  """Adds an algorithm to the registry, with how it talks (for the network clock).
+  Nothing else is needed to time it on a simulated network: the clock reads what its
+  steps report in `StepInfo`.
 
   Args:
     name: the `algorithm.name` config value.
     factory: `factory(inner, *, mesh=None, **keys) -> Algorithm`.
-    collective: 'all_reduce', 'all_gather' or 'gossip' (then it needs a `topology` key).
   """
-  if collective not in network.COLLECTIVES:
-    raise ConfigError(f'collective must be one of {network.COLLECTIVES}, got {collective!r}.')
   REGISTRY[name] = factory
-  COLLECTIVES[name] = collective
 
 
 def settings_of(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:

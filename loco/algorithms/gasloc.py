@@ -4,7 +4,7 @@ import optax
 
 from loco import comm
 from loco import optim
-from loco.engine import Algorithm, local_updates
+from loco.engine import Algorithm, AsyncReplay, local_updates
 from loco.errors import ConfigError
 
 
@@ -58,4 +58,7 @@ def gasloc(inner: optax.GradientTransformation, *, sync_every: int = 500,
     raise ConfigError(f"algorithm.mix must be 'models' or 'deltas', got {mix!r}.")
   mixer = comm.gossip(topology, mix, step_size=gossip_step, dtype=transport_dtype,
                       weights=weights, seed=seed)
-  return local_updates(inner, optax.chain(mixer, outer), sync_every=sync_every, mesh=mesh)
+  algorithm = local_updates(inner, optax.chain(mixer, outer), sync_every=sync_every,
+                            mesh=mesh)
+  peers = lambda m: comm.resolve_topology(topology, m, weights=weights, seed=seed).adjacency
+  return algorithm._replace(replay=AsyncReplay(sync_every, peers, transport_dtype))

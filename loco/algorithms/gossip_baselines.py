@@ -20,7 +20,7 @@ import optax
 from loco import comm
 from loco import optim
 from loco import topology as topology_lib
-from loco.engine import Algorithm, local_updates
+from loco.engine import Algorithm, AsyncReplay, local_updates
 from loco.errors import ConfigError
 
 PyTree = Any
@@ -128,7 +128,7 @@ def a2cid2_exchange(topology: str = 'ring', *, weights: str = 'metropolis',
     num_workers = comm.static_num_workers(axis_name)
     if num_workers is not None:
       resolve(num_workers)   # a topology that does not fit M fails at init
-    return A2CiD2State(params, jnp.zeros((), jnp.int32), comm.empty_comm_state())
+    return A2CiD2State(params, jnp.zeros((), jnp.int32), comm.empty_comm_state(axis_name=axis_name))
 
   def update(updates, state, params=None, *, context=None, **extra):
     del extra
@@ -219,4 +219,7 @@ def noloco(inner: optax.GradientTransformation, *, sync_every: int = 50,
   """
   mixer = comm.gossip(topology, 'models', dtype=transport_dtype, seed=seed, pairwise=True)
   outer = optim.outer_optimizer('heavy_ball', outer_lr, outer_momentum)
-  return local_updates(inner, optax.chain(mixer, outer), sync_every=sync_every, mesh=mesh)
+  algorithm = local_updates(inner, optax.chain(mixer, outer), sync_every=sync_every,
+                            mesh=mesh)
+  peers = lambda m: comm.resolve_topology(topology, m, seed=seed, pairwise=True).adjacency
+  return algorithm._replace(replay=AsyncReplay(sync_every, peers, transport_dtype))

@@ -46,8 +46,9 @@ import numpy as np
 import optax
 
 from loco import topology as topology_lib
-from loco.comm.core import (WORKERS, CommState, WorkerContext, empty_comm_state,
-                            transport_dtype, tree_bytes, worker_mean)
+from loco.comm.core import (GOSSIP, NO_COMM, WORKERS, CommState, WorkerContext,
+                            empty_comm_state, ring_all_reduce_state, transport_dtype,
+                            tree_bytes, worker_mean)
 from loco.errors import ConfigError
 
 PyTree = Any
@@ -217,6 +218,13 @@ def _zero() -> jax.Array:
   return jnp.zeros((), jnp.float32)
 
 
+def _gossip_state(sent, received, peers, size) -> CommState:
+  events = (sent + received > 0).astype(jnp.int32)
+  return CommState(sent, received, events,
+                   jnp.where(events > 0, GOSSIP, NO_COMM).astype(jnp.int32),
+                   jnp.where(events > 0, jnp.asarray(size, jnp.float32), 0.0), peers)
+
+
 def _plan_residual(x32, wire_x, plan, i, alive_all, size, axis_name):
   """Sparse Laplacian step of one static plan: ppermutes, edge-wise differences."""
   m = plan.num_workers
@@ -225,6 +233,7 @@ def _plan_residual(x32, wire_x, plan, i, alive_all, size, axis_name):
   sources = plan.sources
   residual = jax.tree.map(jnp.zeros_like, x32)
   sent = received = _zero()
+  peers = jnp.zeros((m,), bool)
   for k, perm in enumerate(plan.perms):
     dst = ids.copy()
     for s, d in perm:
@@ -241,7 +250,8 @@ def _plan_residual(x32, wire_x, plan, i, alive_all, size, axis_name):
                             residual, x32, recv)
     received = received + ok_in.astype(jnp.float32) * size
     sent = sent + ok_out.astype(jnp.float32) * size
-  return residual, CommState(sent, received, (sent + received > 0).astype(jnp.int32))
+    peers = peers.at[src_i].max(ok_in).at[dst_i].max(ok_out)
+  return residual, _gossip_state(sent, received, peers, size)
 
 
 def _dense_residual(x32, wire_x, row, col, i, alive_all, size, axis_name):
@@ -259,18 +269,13 @@ def _dense_residual(x32, wire_x, row, col, i, alive_all, size, axis_name):
       x32, gathered)
   received = jnp.sum(w_in > 0).astype(jnp.float32) * size
   sent = jnp.sum(w_out > 0).astype(jnp.float32) * size
-  return residual, CommState(sent, received, (sent + received > 0).astype(jnp.int32))
+  return residual, _gossip_state(sent, received, (w_in > 0) | (w_out > 0), size)
 
 
 def _all_reduce(wire_x, alive, size, axis_name):
   """The complete graph: the all-reduce mean over the alive workers (all_reduce_mean)."""
-  weight = alive.astype(jnp.float32)
-  mean = worker_mean(wire_x, weight, axis_name)
-  participants = jax.lax.psum(weight, axis_name)
-  per_worker = 2.0 * (participants - 1.0) / jnp.maximum(participants, 1.0) * size
-  per_worker = jnp.where(alive, per_worker, 0.0).astype(jnp.float32)
-  events = (alive & (participants > 1)).astype(jnp.int32)
-  return mean, CommState(per_worker, per_worker, events)
+  mean = worker_mean(wire_x, alive.astype(jnp.float32), axis_name)
+  return mean, ring_all_reduce_state(alive, size, axis_name)
 
 
 def _path(topo: topology_lib.Topology, impl: str, mixing) -> str:
@@ -458,7 +463,7 @@ def gossip(topology: str | topology_lib.Topology, mix: str = 'models', *,
     del params
     if static_num_workers(axis_name) is not None:
       resolve()            # a topology that does not fit M fails at init
-    return GossipState(jnp.zeros((), jnp.int32), empty_comm_state())
+    return GossipState(jnp.zeros((), jnp.int32), empty_comm_state(axis_name=axis_name))
 
   def update(updates, state, params=None, *, context: WorkerContext | None = None,
              **extra):

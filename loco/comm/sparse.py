@@ -22,7 +22,8 @@ import jax.numpy as jnp
 import optax
 
 from loco import compress
-from loco.comm.core import CommState, WORKERS, WorkerContext, _alive, empty_comm_state
+from loco.comm.core import (ALL_GATHER, NO_COMM, WORKERS, CommState, WorkerContext, _alive,
+                            empty_comm_state, other_participants, ring_all_reduce_state)
 from loco.errors import ConfigError
 
 PyTree = Any
@@ -45,9 +46,9 @@ def _compressor_or_identity(compressor):
   return compressor
 
 
-def _init(compressor):
+def _init(compressor, axis_name):
   def init(params):
-    return CompressedCommState(empty_comm_state(), compressor.init(params))
+    return CompressedCommState(empty_comm_state(axis_name=axis_name), compressor.init(params))
   return init
 
 
@@ -112,9 +113,12 @@ def sparse_all_gather_mean(
     received = jax.lax.psum(sent, axis_name) - sent
     received = jnp.where(alive, received, 0.0)
     events = (alive & (alive_count > 1)).astype(jnp.int32)
-    return mean, CompressedCommState(CommState(sent, received, events), inner)
+    wire = CommState(sent, received, events,
+                     jnp.where(events > 0, ALL_GATHER, NO_COMM).astype(jnp.int32), sent,
+                     other_participants(alive, axis_name))
+    return mean, CompressedCommState(wire, inner)
 
-  return optax.GradientTransformationExtraArgs(_init(compressor), update)
+  return optax.GradientTransformationExtraArgs(_init(compressor, axis_name), update)
 
 
 def compressed_all_reduce_mean(
@@ -172,9 +176,6 @@ def compressed_all_reduce_mean(
       mean = second.decoded
     mean = jax.tree.map(lambda m, u: m.astype(u.dtype), mean, updates)
     size = jnp.asarray(message.bits, jnp.float32) / 8.0
-    per_worker = 2.0 * (participants - 1.0) / jnp.maximum(participants, 1.0) * size
-    per_worker = jnp.where(alive, per_worker, 0.0).astype(jnp.float32)
-    events = (alive & (participants > 1)).astype(jnp.int32)
-    return mean, CompressedCommState(CommState(per_worker, per_worker, events), inner)
+    return mean, CompressedCommState(ring_all_reduce_state(alive, size, axis_name), inner)
 
-  return optax.GradientTransformationExtraArgs(_init(compressor), update)
+  return optax.GradientTransformationExtraArgs(_init(compressor, axis_name), update)

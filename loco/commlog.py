@@ -1,0 +1,121 @@
+"""The communication log: what each step put on the wire, kept beside metrics.jsonl.
+
+  runs/x/comms.jsonl   {"workers": M} first, then one line per step in which a worker
+                       communicated or sat out:
+    {"step": 300, "kind": [1, 1, ...], "sent": [...], "payload": [...],
+     "peers": [[1, 2, 3], [0, 2, 3], ...], "overlap": 0, "active": [...]}
+
+`kind` indexes `loco.comm.KINDS`, `peers[i]` lists the workers i exchanged with,
+`active` is left out when every worker computed, `overlap` when it is 0. A step that
+is not in the file is one in which every worker computed and nobody communicated.
+This is all `network.Clock` reads, so `loco.retime` can time a finished run on any
+other network without training again (`replay`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from loco import network as network_lib
+
+FILE = 'comms.jsonl'
+
+
+def _row(step: int, wire: network_lib.StepWire) -> dict | None:
+  active = np.asarray(wire.active, bool)
+  kind = np.asarray(wire.kind, int)
+  if active.all() and not kind.any():
+    return None
+  row = dict(step=step, kind=kind.tolist(),
+             sent=[float(x) for x in np.asarray(wire.sent)],
+             payload=[float(x) for x in np.asarray(wire.payload)],
+             peers=[np.flatnonzero(p).tolist() for p in np.asarray(wire.peers, bool)])
+  if wire.overlap_steps:
+    row['overlap'] = int(wire.overlap_steps)
+  if not active.all():
+    row['active'] = active.astype(int).tolist()
+  return row
+
+
+def _wire(row: dict, num_workers: int) -> network_lib.StepWire:
+  peers = np.zeros((num_workers, num_workers), bool)
+  for i, js in enumerate(row['peers']):
+    peers[i, js] = True
+  active = np.asarray(row.get('active', [1] * num_workers), bool)
+  return network_lib.StepWire(active=active, kind=np.asarray(row['kind'], int),
+                              sent=np.asarray(row['sent'], float),
+                              payload=np.asarray(row['payload'], float), peers=peers,
+                              overlap_steps=int(row.get('overlap', 0)))
+
+
+class CommLog:
+  """Appends a run's steps to comms.jsonl; a resumed run first drops the steps after
+  its checkpoint (through a temporary file and a rename), as metrics.jsonl does."""
+
+  def __init__(self, workdir: str, num_workers: int, resume_step: int = 0):
+    self.path = os.path.join(workdir, FILE)
+    self.num_workers = num_workers
+    if os.path.exists(self.path) and resume_step:
+      kept = [line for line in _lines(self.path)
+              if 'workers' in line or line['step'] <= resume_step]
+      tmp = self.path + '.tmp'
+      with open(tmp, 'w') as f:
+        f.writelines(json.dumps(line) + '\n' for line in kept)
+        f.flush()
+        os.fsync(f.fileno())
+      os.replace(tmp, self.path)
+      self._file = open(self.path, 'a')
+    else:
+      self._file = open(self.path, 'w')
+      self._file.write(json.dumps({'workers': num_workers}) + '\n')
+
+  def append(self, first_step: int, wires: Iterable[network_lib.StepWire]) -> None:
+    """Logs consecutive steps first_step, first_step + 1, ... (flushed to disk)."""
+    try:
+      for k, wire in enumerate(wires):
+        row = _row(first_step + k, wire)
+        if row is not None:
+          self._file.write(json.dumps(row) + '\n')
+      self._file.flush()
+      os.fsync(self._file.fileno())
+    except OSError as e:   # name the file: a failed write() does not
+      raise OSError(e.errno, e.strerror, self.path) from e
+
+  def close(self) -> None:
+    self._file.close()
+
+
+def _lines(path: str) -> Iterator[dict]:
+  with open(path) as f:
+    for line in f:
+      try:
+        yield json.loads(line)
+      except ValueError:   # a torn last line after a crash
+        return
+
+
+def read(workdir: str) -> tuple[int, dict[int, network_lib.StepWire]]:
+  """(M, {step: StepWire}) of a workdir's comms.jsonl."""
+  path = os.path.join(workdir, FILE)
+  lines = list(_lines(path))
+  if not lines or 'workers' not in lines[0]:
+    raise ValueError(f'{path} is not a loco communication log.')
+  m = int(lines[0]['workers'])
+  return m, {line['step']: _wire(line, m) for line in lines[1:]}
+
+
+def replay(net: network_lib.Network, log: dict[int, network_lib.StepWire],
+           until: int) -> Iterator[tuple[int, network_lib.Clock]]:
+  """Runs `network.Clock` over steps 1 .. until of a log; yields (step, clock)."""
+  clock = network_lib.Clock(net)
+  m = net.num_workers
+  silent = network_lib.StepWire(active=np.ones(m, bool), kind=np.zeros(m, int),
+                                sent=np.zeros(m), payload=np.zeros(m),
+                                peers=np.zeros((m, m), bool))
+  for step in range(1, until + 1):
+    clock.step(log.get(step, silent))
+    yield step, clock
