@@ -8,7 +8,8 @@ Commands (the argument after ':' picks the algorithm):
   python -m loco.main --config=experiments/tiny_gossip.py:gasloc --workdir=runs/tiny_gasloc_h1
 Expected: about 5 minutes each on 2 CPU cores (8 workers, tiny model, 300 steps, the
 data and inner optimizer of tiny_gasloc.py). Measured results: WORKSPACE.md, table (a)
-of the gossip comparison (`python scripts/compare.py --suite=gossip`).
+of the gossip comparison (`python -m loco.sweep launch/sweeps/gossip.py
+--out=runs/sweeps/gossip`).
 """
 
 from experiments import tiny_gasloc

@@ -6,7 +6,8 @@ items, readable with orbax alone:
   state   StandardSave of the train state as a nested dict named by its fields
           (`params/blocks/0/attn/qkv`, `inner_state/0/mu/...`, `anchor/...`): NamedTuple
           fields and dict keys keep their names, sequence items their index, and empty
-          nodes (None, optax's EmptyState) are left out.
+          nodes (None, optax's EmptyState) are left out. A typed PRNG key (`key`) is
+          stored as its raw uint32 data (`jax.random.key_data`) and wrapped back.
   data    JsonSave of the data iterator's state (loco.data.TrainIterator.get_state()).
   host    JsonSave of host-side counters (tokens, bytes, the clock).
 
@@ -50,6 +51,24 @@ def named(tree: PyTree) -> dict[str, Any]:
   return out
 
 
+def _is_key(x) -> bool:
+  return jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+
+
+def _stored(x):
+  # Orbax cannot write typed key arrays: their uint32 data is what a legacy key was.
+  return jax.random.key_data(x) if _is_key(x) else x
+
+
+def _abstract(x) -> jax.ShapeDtypeStruct:
+  stored = jax.eval_shape(_stored, x) if _is_key(x) else x
+  return jax.ShapeDtypeStruct(stored.shape, stored.dtype, sharding=getattr(x, 'sharding', None))
+
+
+def _loaded(x, like):
+  return jax.random.wrap_key_data(x, impl=jax.random.key_impl(like)) if _is_key(like) else x
+
+
 def _paths(tree: PyTree) -> list[tuple[str, ...]]:
   return [tuple(_key_name(p) for p in path)
           for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
@@ -82,7 +101,7 @@ class Checkpointer:
     """
     with self._saving():
       self._manager.save(step, args=ocp.args.Composite(
-          state=ocp.args.StandardSave(named(state)),
+          state=ocp.args.StandardSave(named(jax.tree.map(_stored, state))),
           data=ocp.args.JsonSave(data_state),
           host=ocp.args.JsonSave(host_state)))
 
@@ -113,15 +132,14 @@ class Checkpointer:
   def restore(self, step: int, like: PyTree) -> tuple[PyTree, dict, dict]:
     """Restores checkpoint `step` into the structure (and shardings) of `like`."""
     path = os.path.join(self.directory, str(step))
-    abstract = named(jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, 'sharding', None)),
-        like))
+    abstract = named(jax.tree.map(_abstract, like))
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract),
           data=ocp.args.JsonRestore(),
           host=ocp.args.JsonRestore()))
-      leaves = [_lookup(restored['state'], p) for p in _paths(like)]
+      leaves = [_loaded(_lookup(restored['state'], p), x)
+                for p, x in zip(_paths(like), jax.tree.leaves(like))]
     except Exception as e:  # orbax raises many types for unreadable or mismatched files.
       first = (str(e).strip().splitlines() or [''])[0][:200]
       raise CheckpointError(

@@ -2,10 +2,10 @@
 
 import dataclasses
 
-import jax
 import optax
 
 from loco.errors import ConfigError
+from loco.model import weight_decay_mask
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,13 +43,9 @@ def schedule(cfg: InnerConfig) -> optax.Schedule:
       end_value=cfg.lr * cfg.final_lr_frac)
 
 
-def _decay_mask(params):
-  # Norm scales and other vectors are not decayed, as in the DiLoCo / Chinchilla recipe.
-  return jax.tree.map(lambda x: x.ndim >= 2, params)
-
-
 def inner_optimizer(cfg: InnerConfig) -> optax.GradientTransformation:
-  """Per-worker clip -> AdamW with warm-up and cosine decay.
+  """Per-worker clip -> AdamW with warm-up and cosine decay; weight decay on the
+  model's matrices only (`model.weight_decay_mask`: the DiLoCo / Chinchilla recipe).
 
   References:
     Loshchilov & Hutter, arXiv 1711.05101 (AdamW); DiLoCo, arXiv 2311.08105 (inner recipe).
@@ -58,7 +54,7 @@ def inner_optimizer(cfg: InnerConfig) -> optax.GradientTransformation:
   if cfg.clip_norm > 0:
     links.append(optax.clip_by_global_norm(cfg.clip_norm))
   links.append(optax.adamw(schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                           weight_decay=cfg.weight_decay, mask=_decay_mask))
+                           weight_decay=cfg.weight_decay, mask=weight_decay_mask))
   return optax.chain(*links)
 
 

@@ -438,7 +438,7 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
       note(f'the run in {wd.path} finished before (step {start} of {total}); nothing to do.')
       return wd.last_record()
 
-  key = jax.random.PRNGKey(r.seed)
+  key = jax.random.key(r.seed)
   graphdef, init, abstract_state = init_state(exp, algorithm, key, mesh)
   train_chunk = make_train_chunk(algorithm, exp.model, graphdef, mesh, r.grad_mode)
   chunk_len = min(r.log_every, total)

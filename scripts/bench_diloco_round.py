@@ -31,11 +31,11 @@ _REPEATS = flags.DEFINE_integer('repeats', 3, 'Timed rounds per variant (best is
 
 def time_round(sync_every: int) -> float:
   cfg = model.model_config('tiny', vocab_size=257)
-  graphdef, params = model.init_params(cfg, jax.random.PRNGKey(0))
+  graphdef, params = model.init_params(cfg, jax.random.key(0))
   inner = optim.inner_optimizer(optim.InnerConfig())
   alg = algorithms.make('diloco', inner, sync_every=sync_every)
   chunk = train.make_train_chunk(alg, cfg, graphdef)
-  state = alg.init(params, _WORKERS.value, jax.random.PRNGKey(1))
+  state = alg.init(params, _WORKERS.value, jax.random.key(1))
   rng = np.random.default_rng(0)
   batches = rng.integers(0, 257, (_H.value, _WORKERS.value, _BATCH.value, _SEQ.value + 1),
                          dtype=np.int32)

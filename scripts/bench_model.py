@@ -57,7 +57,7 @@ def bench_step(cfg: model_lib.ModelConfig, batch_size: int, seq_len: int,
   graphdef, params = model_lib.init_params(cfg, jax.random.key(0))
   inner = optim.inner_optimizer(optim.InnerConfig())
   alg = algorithms.make('local_sgd', inner, sync_every=10 ** 9)
-  state = alg.init(params, num_workers, jax.random.PRNGKey(0))
+  state = alg.init(params, num_workers, jax.random.key(0))
   chunk = train.make_train_chunk(alg, cfg, graphdef, grad_mode=grad_mode)
   batch = jax.random.randint(jax.random.key(1), (1, num_workers, batch_size, seq_len + 1),
                              0, cfg.vocab_size, jnp.int32)

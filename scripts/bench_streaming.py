@@ -41,11 +41,11 @@ VARIANTS = {
 
 def build(name: str, kwargs: dict):
   cfg = model.model_config('tiny', vocab_size=257)
-  graphdef, params = model.init_params(cfg, jax.random.PRNGKey(0))
+  graphdef, params = model.init_params(cfg, jax.random.key(0))
   inner = optim.inner_optimizer(optim.InnerConfig())
   alg = algorithms.make(name, inner, sync_every=_H.value, **kwargs)
   chunk = train.make_train_chunk(alg, cfg, graphdef)
-  state = alg.init(params, _WORKERS.value, jax.random.PRNGKey(1))
+  state = alg.init(params, _WORKERS.value, jax.random.key(1))
   return chunk, state
 
 

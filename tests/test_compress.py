@@ -8,13 +8,14 @@ import numpy as np
 import optax
 import pytest
 
-from loco import compress
+from loco import comm, compress
+from loco.compress import chunking
 from loco.comm import WorkerContext
 from loco.errors import ConfigError
 
 
 def _tree(seed=0):
-  k = jax.random.split(jax.random.PRNGKey(seed), 4)
+  k = jax.random.split(jax.random.key(seed), 4)
   return {'w': jax.random.normal(k[0], (128, 192)),
           'v': jax.random.normal(k[1], (100,)),
           'qkv': jax.random.normal(k[2], (8, 3, 2, 32)),
@@ -29,7 +30,7 @@ COMPRESSORS = {
     'identity': compress.identity,
     'uniform8': lambda: compress.uniform(8),
     'uniform4_chunked': lambda: compress.uniform(4, chunk_size=256),
-    'uniform2_stochastic': lambda: compress.uniform(2, stochastic=True),
+    'uniform2_stochastic': lambda: compress.uniform(2, stochastic=True, axis_name=None),
     'binned': compress.binned,
     'e3m0': compress.e3m0,
     'e4m3': compress.e4m3,
@@ -48,7 +49,7 @@ def _encode(c, tree, key=0, state=None):
     _JITTED[id(c)] = (c, jax.jit(
         lambda t, s, k: c.encode(t, s, context=WorkerContext(key=k))))
   state = c.init(tree) if state is None else state
-  return _JITTED[id(c)][1](tree, state, jax.random.PRNGKey(key))
+  return _JITTED[id(c)][1](tree, state, jax.random.key(key))
 
 
 @pytest.mark.parametrize('name', sorted(COMPRESSORS))
@@ -57,7 +58,7 @@ def test_shapes_dtypes_and_optax_update(name):
   c = COMPRESSORS[name]()
   # As an optax link: the update is the decoded tree, with the context extra arg.
   chain = optax.chain(c, optax.scale(-1.0))
-  ctx = WorkerContext(key=jax.random.PRNGKey(0))
+  ctx = WorkerContext(key=jax.random.key(0))
   out, (state, _) = jax.jit(lambda t, s: chain.update(t, s, context=ctx))(
       tree, chain.init(tree))
   for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(tree)):
@@ -67,14 +68,14 @@ def test_shapes_dtypes_and_optax_update(name):
 
 
 def _tiles(x, side=64):
-  r = compress.largest_divisor_at_most(x.shape[0], side)
-  c = compress.largest_divisor_at_most(x.shape[1], side)
+  r = chunking.largest_divisor_at_most(x.shape[0], side)
+  c = chunking.largest_divisor_at_most(x.shape[1], side)
   return (np.asarray(x).reshape(x.shape[0] // r, r, x.shape[1] // c, c)
           .transpose(0, 2, 1, 3).reshape(-1, r * c))
 
 
 def test_topk_chunks_keeps_exactly_k_largest_per_tile():
-  x = jax.random.normal(jax.random.PRNGKey(3), (96, 100))
+  x = jax.random.normal(jax.random.key(3), (96, 100))
   message, _ = _encode(compress.topk_chunks(64, 4096), {'x': x})
   # Tiles 48 x 50 (largest divisors <= 64); k' = round(2400 * 64 / 4096) = round(37.5) = 38.
   assert compress.chunk_k(2400, 64, 4096) == 38
@@ -95,16 +96,18 @@ def test_vector_and_rank3_chunking():
   assert compress.chunk_k(64, 64, 4096) == 1
   assert compress.chunk_k(3, 64, 4096) == 1
   x = jnp.arange(4 * 64 * 256, dtype=jnp.float32).reshape(4, 64, 256)
-  ch = compress._chunking(x.shape, 64)
+  ch = chunking.layout(x.shape, 64)
   assert ch.matrix == (256, 256) and ch.chunk_len == 4096 and ch.num_chunks == 16
-  np.testing.assert_array_equal(compress._from_chunks(compress._to_chunks(x, ch), ch), x)
-  assert compress._chunking((256, 3, 4, 64), 64).matrix == (256, 768)
+  np.testing.assert_array_equal(chunking.from_chunks(chunking.to_chunks(x, ch), ch), x)
+  assert chunking.layout((256, 3, 4, 64), 64).matrix == (256, 768)
+  assert chunking.layout((2, 3, 3, 2), 64).matrix == (6, 6)     # closest to square
+  assert chunking.layout((2, 4, 2), 64).matrix == (2, 8)          # the first on a tie
 
 
 def _static_bits(c, tree):
   box = []
   def trace(t, s):
-    message, _ = c.encode(t, s, context=WorkerContext(key=jax.random.PRNGKey(0)))
+    message, _ = c.encode(t, s, context=WorkerContext(key=jax.random.key(0)))
     box.append(message.bits)
     return 0
   jax.eval_shape(trace, tree, c.init(tree))
@@ -143,7 +146,7 @@ def test_payload_bits_hand_counts():
 
 
 def test_uniform_error_bounds_and_determinism():
-  x = jax.random.normal(jax.random.PRNGKey(1), (64, 64)) * 3.0
+  x = jax.random.normal(jax.random.key(1), (64, 64)) * 3.0
   for bits in (2, 4, 8):
     dec = _encode(compress.uniform(bits), {'x': x})[0].decoded['x']
     scale = float(jnp.max(jnp.abs(x))) / (2 ** (bits - 1) - 1)
@@ -151,7 +154,7 @@ def test_uniform_error_bounds_and_determinism():
   chunked = _encode(compress.uniform(4, chunk_size=256), {'x': x})[0].decoded['x']
   scales = np.abs(_tiles(x, 16)).max(1, keepdims=True) / 7
   assert np.all(np.abs(_tiles(chunked - x, 16)) <= scales / 2 * (1 + 1e-5))
-  sto = compress.uniform(4, stochastic=True)
+  sto = compress.uniform(4, stochastic=True, axis_name=None)   # one worker, no map
   a = _encode(sto, {'x': x}, key=5)[0].decoded['x']
   b = _encode(sto, {'x': x}, key=5)[0].decoded['x']
   c = _encode(sto, {'x': x}, key=6)[0].decoded['x']
@@ -160,15 +163,36 @@ def test_uniform_error_bounds_and_determinism():
   scale = float(jnp.max(jnp.abs(x))) / 7
   assert float(jnp.max(jnp.abs(a - x))) < scale
   # Unbiased: the mean over keys approaches x.
-  keys = jax.random.split(jax.random.PRNGKey(0), 64)
+  keys = jax.random.split(jax.random.key(0), 64)
   many = jax.jit(jax.vmap(lambda k: sto.encode({'x': x}, sto.init({'x': x}),
                                                context=WorkerContext(key=k))[0]
                           .decoded['x']))(keys)
   assert float(jnp.mean(jnp.abs(many.mean(0) - x))) < 0.1 * scale
 
 
+def test_stochastic_rounding_dithers_each_worker_on_its_own():
+  """One tick key, identical inputs: each worker draws its own dither, deterministically."""
+  assert compress.quantize.WORKERS == comm.WORKERS
+  x = jnp.broadcast_to(jax.random.normal(jax.random.key(1), (64, 64)) * 3.0, (2, 64, 64))
+  sto = compress.uniform(4, stochastic=True)
+  run = jax.jit(jax.vmap(
+      lambda t, k: sto.encode({'x': t}, sto.init({'x': t}),
+                              context=WorkerContext(key=k))[0].decoded['x'],
+      in_axes=(0, None), axis_name=comm.WORKERS))
+  key = jax.random.key(5)
+  out = run(x, key)
+  assert not np.array_equal(out[0], out[1])
+  np.testing.assert_array_equal(out, run(x, key))
+  # Worker i's draw is one worker's with the tick key folded with i.
+  alone = compress.uniform(4, stochastic=True, axis_name=None)
+  one = jax.jit(lambda t, k: alone.encode({'x': t}, alone.init({'x': t}),
+                                         context=WorkerContext(key=k))[0].decoded['x'])
+  for i in range(2):
+    np.testing.assert_array_equal(out[i], one(x[i], jax.random.fold_in(key, i)))
+
+
 def test_e3m0_grid_and_relative_error():
-  x = jnp.concatenate([jax.random.normal(jax.random.PRNGKey(2), (4000,)),
+  x = jnp.concatenate([jax.random.normal(jax.random.key(2), (4000,)),
                        jnp.array([5.0, -1e-4, 0.0])])
   dec = np.asarray(_encode(compress.e3m0(), {'x': x})[0].decoded['x'])
   x = np.asarray(x)
@@ -185,7 +209,7 @@ def test_e3m0_grid_and_relative_error():
 
 
 def test_e4m3_relative_error():
-  x = jax.random.normal(jax.random.PRNGKey(4), (4096,)) * 10.0
+  x = jax.random.normal(jax.random.key(4), (4096,)) * 10.0
   dec = np.asarray(_encode(compress.e4m3(), {'x': x})[0].decoded['x'])
   x = np.asarray(x)
   scale = np.abs(x).max() / 448.0
@@ -208,7 +232,7 @@ def _reference_binned(v, bins=4, range_sigmas=6.0):
 
 
 def test_binned_matches_reference_on_kept_values_and_preserves_sums():
-  x = jax.random.normal(jax.random.PRNGKey(7), (128, 64)) + 0.3
+  x = jax.random.normal(jax.random.key(7), (128, 64)) + 0.3
   message, _ = _encode(compress.then(compress.topk_chunks(64), compress.binned()),
                        {'x': x})
   mask = np.asarray(message.mask['x'])
@@ -286,7 +310,7 @@ def test_error_feedback_of_a_dead_worker_keeps_everything():
 
 
 def test_compressors_are_per_worker_under_vmap():
-  x = jax.random.normal(jax.random.PRNGKey(0), (3, 64, 64))
+  x = jax.random.normal(jax.random.key(0), (3, 64, 64))
   c = compress.then(compress.topk_chunks(64), compress.e3m0())
   per_worker = jax.vmap(lambda t: c.encode({'x': t}, c.init({'x': t}))[0].decoded['x'],
                         axis_name='workers')(x)

@@ -1,4 +1,4 @@
-"""What every comparison sweep shares: equal tokens for all runs (scripts/compare.py's COMMON).
+"""What every comparison sweep shares: equal tokens for all runs.
 
 8 workers x 4 sequences x 128 tokens per step, 300 inner steps (1.23M tokens), eval and
 checkpoint every 150 steps, a metrics line every 10. Imported by the specs in this

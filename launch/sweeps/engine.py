@@ -1,4 +1,4 @@
-"""DDP vs DiLoCo vs Local SGD at equal tokens (scripts/compare.py --suite=engine).
+"""DDP vs DiLoCo vs Local SGD at equal tokens.
 
 Command:
   python -m loco.sweep launch/sweeps/engine.py --out=runs/sweeps/engine

@@ -1,4 +1,4 @@
-"""GASLoC and the decentralized baselines on a ring (scripts/compare.py --suite=gossip).
+"""GASLoC and the decentralized baselines on a ring.
 
 Command:
   python -m loco.sweep launch/sweeps/gossip.py --out=runs/sweeps/gossip

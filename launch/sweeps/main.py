@@ -6,7 +6,8 @@ Expected: about 25 minutes on 2 CPU cores (5 runs of 4-5 minutes; --parallel=1 i
 fastest there, each run already uses both cores). Tiny model, 8 workers x 4 x 128
 tokens per step, 300 steps (1.23M tokens) each: DDP, DiLoCo (H=50, outer Nesterov
 0.7 / 0.5), GASLoC (ring, H=50), SparseLoCo (H=15, top-64/4096, 2-bit) and Streaming
-DiLoCo (4 fragments, tau=1, E3M0), with the settings scripts/compare.py uses for them.
+DiLoCo (4 fragments, tau=1, E3M0), with the settings engine.py, gossip.py,
+sparseloco.py and streaming.py use for them.
 Every run also has a simulated network (see CURVES_AND_CLOCK) for the time axis.
 Measured (WORKSPACE.md, "The main comparison"): DDP 1.976 (6,749 MB per worker), DiLoCo
 2.268 (135 MB), GASLoC 2.344 (154 MB), SparseLoCo 2.181 (1.8 MB), Streaming DiLoCo 2.341

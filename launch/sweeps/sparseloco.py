@@ -1,4 +1,4 @@
-"""SparseLoCo and compressed DiLoCo (scripts/compare.py --suite=sparseloco).
+"""SparseLoCo and compressed DiLoCo.
 
 Command:
   python -m loco.sweep launch/sweeps/sparseloco.py --out=runs/sweeps/sparseloco

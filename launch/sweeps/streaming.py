@@ -1,4 +1,4 @@
-"""Streaming DiLoCo: overlap tau and transport (scripts/compare.py --suite=streaming).
+"""Streaming DiLoCo: overlap tau and transport.
 
 Command:
   python -m loco.sweep launch/sweeps/streaming.py --out=runs/sweeps/streaming
