@@ -1,15 +1,17 @@
 """Graphs -> mixing matrices -> static gossip plans; spectral quantities.
 
-Pure host-side numpy. A `Topology` holds a doubly stochastic mixing matrix W
-(for a random family: E[W]) and, per member of the family, a `GossipPlan`: W
-written as a few static permutations, the form `loco.comm` runs inside
+Pure host-side numpy, and all of loco's graph code (`loco.comm.gossip` only runs
+it per worker). A `Topology` holds a doubly stochastic mixing matrix W (for a
+random family: E[W]) and, per member of the family, a `GossipPlan`: W written as
+a few static permutations, the form `loco.comm` runs inside
 `jax.vmap(..., axis_name="workers")` or `shard_map` with `lax.ppermute`:
 
   x_i' = self_weight[i] x_i + sum_k recv_weight[k, i] ppermute(x, perms[k])_i.
 
-Random time-varying graphs ("matching") are a fixed, static family (a
-1-factorization of K_M); each round picks one member by index with
-`lax.switch`, using `Topology.sample_choice_jax`.
+Random time-varying graphs ("matching", `pairwise_family`) are a fixed, static
+family (a 1-factorization of K_M); each round picks one member by index with
+`lax.switch`, using `Topology.sample_choice_jax`. `resolve_topology` builds what
+a gossip step runs once the number of workers is known.
 
 Conventions (see `Topology` for the formulas):
   * spectral_gap = 1 - sqrt(lambda_max(E[W^T W]) on 1^perp): the guaranteed
@@ -179,6 +181,11 @@ class Topology:
   def weights_for(self, choice: int) -> np.ndarray:
     """[M, M] mixing matrix of member `choice` (W itself for a fixed graph)."""
     return self.plans[self._check_choice(choice)].to_dense()
+
+  @functools.cached_property
+  def member_weights(self) -> np.ndarray:
+    """[num_choices, M, M]: every member's mixing matrix."""
+    return np.stack([plan.to_dense() for plan in self.plans])
 
   def edges_used(self, choice: int = 0) -> np.ndarray:
     """[M] int, messages worker i sends when member `choice` is applied."""
@@ -705,3 +712,122 @@ def topology_from_matrix(weights: np.ndarray, name: str = 'custom') -> Topology:
   return Topology(name=name, num_workers=m, weights=_frozen(plan.to_dense()),
                   plans=(plan,), adjacency=_frozen(adjacency),
                   rates=_frozen(rates), weighting='custom', is_random=False)
+
+
+# ---------------------------------------------------------------------------
+# What a gossip step runs: a spec resolved for M workers, pairwise families.
+
+
+def check_spec(spec, weights: str = 'metropolis') -> None:
+  """Fails early on an unknown topology name or weighting (an algorithm's config)."""
+  if isinstance(spec, str) and spec not in _BUILDERS:
+    raise ConfigError(f'algorithm.topology must be one of {", ".join(TOPOLOGIES)}, '
+                      f'got {spec!r}.')
+  if weights not in _WEIGHTINGS:
+    raise ConfigError(f'algorithm.weights must be one of {", ".join(WEIGHTINGS)}, '
+                      f'got {weights!r}.')
+
+
+def is_all_reduce(topo: Topology) -> bool:
+  """Whether `topo` is the complete graph with uniform weights (W = 11^T / M)."""
+  return not topo.is_random and bool(
+      np.allclose(topo.weights, 1.0 / topo.num_workers, atol=1e-12))
+
+
+def _cycle_matchings(perm: Perm) -> list[list[tuple[int, int]]]:
+  """Splits the cycles of a permutation into at most 3 matchings (2 if all even)."""
+  dst = dict(perm)
+  seen, out = set(), [[], [], []]
+  for start in sorted(dst):
+    if start in seen or dst[start] == start:
+      continue
+    cycle, v = [], start
+    while v not in seen:
+      seen.add(v)
+      cycle.append(v)
+      v = dst[v]
+    length = len(cycle)
+    if length == 2:
+      out[0].append(tuple(sorted(cycle)))
+      continue
+    for k in range(length):
+      edge = tuple(sorted((cycle[k], cycle[(k + 1) % length])))
+      out[2 if (length % 2 and k == length - 1) else k % 2].append(edge)
+  return [m for m in out if m]
+
+
+@functools.lru_cache(maxsize=64)
+def pairwise_family(topo: Topology) -> Topology:
+  """The random family 'one matching of `topo`'s graph per round, pairs average'.
+
+  A random-matching topology is returned as is. Otherwise the graph's edges are
+  split into matchings (each permutation of the plan into its cycles' alternate
+  edges, duplicates dropped: a ring of even M gives 2 perfect matchings, the
+  exponential graph of M = 2^k its degree), one of which is drawn per round, so
+  every worker makes about one exchange per round, as in AD-PSGD and A2CiD2. The
+  family's `rates` are the probabilities that an edge is used in a round, so its
+  chi1, chi2 are the A2CiD2 constants of this simulation (at one exchange per
+  gradient step they equal the A2CiD2 paper's for rings and the complete graph).
+
+  Args:
+    topo: a resolved topology.
+
+  Returns:
+    A random-family `Topology` whose members are matchings with weight 1/2.
+  """
+  m = topo.num_workers
+  if m == 1 or topo.is_random and all(
+      p.num_perms == 1 and np.all(p.recv_weight[p.recv_weight > 0] == 0.5)
+      for p in topo.plans):
+    return topo
+  covered, plans = set(), []
+  for perm in (perm for plan in topo.plans for perm in plan.perms):
+    for matching in _cycle_matchings(perm):
+      fresh = [e for e in matching if e not in covered]
+      covered.update(fresh)
+      if fresh:
+        w = np.eye(m)
+        for a, b in fresh:
+          w[a, a] = w[b, b] = w[a, b] = w[b, a] = 0.5
+        plans.append(_make_plan(w, [_matching_perm(m, fresh)]))
+  weights = np.mean([p.to_dense() for p in plans], axis=0)
+  rates = 2.0 * (weights - np.diag(np.diag(weights)))
+  return Topology(name=f'{topo.name}/pairwise', num_workers=m, weights=_frozen(weights),
+                  plans=tuple(plans), adjacency=_frozen(rates > 0), rates=_frozen(rates),
+                  weighting='pairwise', is_random=True)
+
+
+@functools.lru_cache(maxsize=64)
+def resolve_topology(spec: str | Topology, num_workers: int, *,
+                     weights: str = 'metropolis', seed: int = 0,
+                     pairwise: bool = False) -> Topology:
+  """The `Topology` a gossip step uses for `num_workers` workers (cached).
+
+  Args:
+    spec: a topology name (see `TOPOLOGIES`) or a built `Topology`.
+    num_workers: M, the static size of the worker axis.
+    weights: 'metropolis' or 'uniform' (for a name).
+    seed: the 'erdos_renyi' graph's seed.
+    pairwise: one random matching of the graph per round (`pairwise_family`).
+
+  Returns:
+    A Topology of `num_workers` workers.
+
+  Raises:
+    ConfigError: an unknown name or weighting, or a graph that cannot have M workers.
+  """
+  if isinstance(spec, Topology):
+    if spec.num_workers != num_workers:
+      raise ConfigError(f'algorithm.topology has {spec.num_workers} workers but the run '
+                        f'has num_workers={num_workers}; build it for {num_workers}.')
+    topo = spec
+  elif isinstance(spec, str):
+    try:
+      topo = make_topology(spec, num_workers, weights=weights, seed=seed)
+    except ConfigError as e:
+      raise ConfigError(f'algorithm.topology={spec!r} does not fit num_workers='
+                        f'{num_workers}: {e}') from None
+  else:
+    raise ConfigError(f'algorithm.topology must be a name ({", ".join(TOPOLOGIES)}) '
+                      f'or a loco.topology.Topology, got {spec!r}.')
+  return pairwise_family(topo) if pairwise else topo

@@ -2,6 +2,7 @@
 
 Usage: python scripts/bench_gossip.py [--workers=64] [--topology=ring] [--preset=tiny]
     [--batch=16] [--seq=128] [--chunk=16] [--repeats=3]
+       python scripts/bench_gossip.py --partner [--workers=8,16] [--size=1000000]
 
 Times, on the worker-stacked params of `--workers` copies of the `--preset` model:
   * one gossip mix as GASLoC runs it at a sync (`comm.gossip(topology, 'models',
@@ -12,6 +13,14 @@ Times, on the worker-stacked params of `--workers` copies of the `--preset` mode
     `lax.map` so that activations fit in memory; on a CPU the work is serial anyway.
 and prints both and their ratio (the target is <= 10%). The best of `--repeats` runs
 is reported, as in scripts/bench_model.py, since the machine may be shared.
+
+With --partner: the ways to mix with a per-tick matrix W under vmap on one device
+(`--size` float32 parameters per worker, W a pairwise matching with one pair left
+out), each jitted, with its time, the compiled temp memory and the largest array op
+in the HLO: the row of W against `x[None] - all_gather(x)` (O(M^2 P) memory), a
+scan over the senders, `all_gather` + a dynamic index of the partner, `all_gather`
++ a one-hot contraction, M - 1 static shifts + `lax.switch`, and `comm.gossip` with
+the per-tick matrix (pairwise: the partner gather; a dense W: the scan).
 """
 
 from __future__ import annotations
@@ -19,12 +28,14 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import re
 import sys
 import time
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -64,6 +75,82 @@ def bench_gossip(params_MxP: Any, topology: str, repeats: int) -> tuple[float, f
   return compile_s, _best_seconds(lambda: mix(delta, params_MxP), repeats)
 
 
+def _pairwise_matrix(m: int) -> jax.Array:
+  perm = np.random.default_rng(0).permutation(m)
+  w = np.eye(m, dtype=np.float32)
+  for a, b in zip(perm[0:m - 2:2], perm[1:m - 2:2]):     # one pair sits out
+    w[a, a] = w[b, b] = w[a, b] = w[b, a] = 0.5
+  return jnp.asarray(w)
+
+
+def _partner_formulations():
+  """Per-worker `residual = sum_j W_ij (x_i - x_j)` for a pairwise W, several ways."""
+  def row(w):
+    i = jax.lax.axis_index(comm.WORKERS)
+    w_in = jnp.where(jnp.arange(w.shape[0]) != i, w[i], 0.0)
+    return i, w_in, jnp.argmax(w_in > 0)
+
+  def dense_differences(x, w):
+    _, w_in, _ = row(w)
+    return jnp.tensordot(w_in, x[None] - jax.lax.all_gather(x, comm.WORKERS), axes=1)
+
+  def scan_senders(x, w):
+    _, w_in, _ = row(w)
+    step = lambda r, wg: (r + wg[0] * (x - wg[1]), None)
+    return jax.lax.scan(step, jnp.zeros_like(x),
+                        (w_in, jax.lax.all_gather(x, comm.WORKERS)))[0]
+
+  def gather_index(x, w):
+    _, w_in, p = row(w)
+    return w_in[p] * (x - jax.lax.all_gather(x, comm.WORKERS)[p])
+
+  def gather_one_hot(x, w):
+    _, w_in, p = row(w)
+    g = jax.lax.all_gather(x, comm.WORKERS)
+    return w_in[p] * (x - jnp.tensordot(jax.nn.one_hot(p, w.shape[0]), g, axes=1))
+
+  def shifts(x, w):
+    i, w_in, p = row(w)
+    m = w.shape[0]
+    outs = [jax.lax.ppermute(x, comm.WORKERS, [(j, (j - k) % m) for j in range(m)])
+            for k in range(1, m)]
+    y = jax.lax.switch(jnp.maximum((p - i) % m - 1, 0), [lambda o=o: o for o in outs])
+    return w_in[p] * (x - y)
+
+  def gossip_transform(x, w):
+    g = comm.gossip('complete', 'deltas')
+    out, _ = g.update(x, g.init(x), None, context=comm.WorkerContext(mixing=w))
+    return x - out
+
+  return {'x[None]-all_gather (old)': dense_differences, 'scan over senders': scan_senders,
+          'all_gather+index': gather_index, 'all_gather+one_hot': gather_one_hot,
+          'M-1 shifts+switch': shifts, 'comm.gossip (pairwise W)': gossip_transform}
+
+
+def bench_partner(workers: list[int], size: int, repeats: int) -> None:
+  """Prints time, temp memory and the largest op of each mixing formulation."""
+  for m in workers:
+    x = jax.random.normal(jax.random.key(0), (m, size))
+    for mixing in ('pairwise', 'dense'):
+      w = _pairwise_matrix(m) if mixing == 'pairwise' else jnp.full((m, m), 1.0 / m)
+      want = x - w @ x
+      for name, fn in _partner_formulations().items():
+        if mixing == 'dense' and name not in ('x[None]-all_gather (old)', 'scan over senders',
+                                              'comm.gossip (pairwise W)'):
+          continue
+        f = jax.jit(jax.vmap(fn, axis_name=comm.WORKERS, in_axes=(0, None)))
+        compiled = f.lower(x, w).compile()
+        shapes = [tuple(int(d) for d in dims.split(',')) for dims in
+                  re.findall(r'= f32\[([0-9,]+)\]', compiled.as_text())]
+        largest = max(shapes, key=lambda s: int(np.prod(s)))
+        err = float(jnp.max(jnp.abs(f(x, w) - want)))
+        label = name.replace('(pairwise W)', f'({mixing} W)')
+        seconds = _best_seconds(lambda: f(x, w), repeats)
+        print(f'M={m:3d} {mixing:8s} {label:26s} {seconds * 1e3:8.1f} ms'
+              f'  temp {compiled.memory_analysis().temp_size_in_bytes / 2**20:7.1f} MiB'
+              f'  largest f32{list(largest)}  err {err:.1e}', flush=True)
+
+
 def bench_inner(cfg: model_lib.ModelConfig, graphdef: Any, params_MxP: Any,
                 batch: int, seq: int, chunk: int, repeats: int) -> tuple[float, float]:
   """(compile seconds, seconds) of one AdamW inner step of all workers."""
@@ -98,7 +185,9 @@ def bench_inner(cfg: model_lib.ModelConfig, graphdef: Any, params_MxP: Any,
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument('--workers', type=int, default=64)
+  parser.add_argument('--workers', default='64', help='an int (with --partner: a list)')
+  parser.add_argument('--partner', action='store_true')
+  parser.add_argument('--size', type=int, default=1_000_000)
   parser.add_argument('--topology', default='ring')
   parser.add_argument('--preset', default='tiny')
   parser.add_argument('--batch', type=int, default=16)
@@ -106,6 +195,11 @@ def main() -> None:
   parser.add_argument('--chunk', type=int, default=16)
   parser.add_argument('--repeats', type=int, default=3)
   args = parser.parse_args()
+  if args.partner:
+    print(f'backend {jax.default_backend()}, {os.cpu_count()} cpus, jax {jax.__version__}')
+    bench_partner([int(m) for m in args.workers.split(',')], args.size, args.repeats)
+    return
+  args.workers = int(args.workers)
 
   cfg = model_lib.model_config(args.preset)
   graphdef, params = model_lib.init_params(cfg, jax.random.key(0))

@@ -196,6 +196,86 @@ def test_per_tick_mixing_matrix_overrides_the_topology():
   np.testing.assert_array_equal(state.comm.bytes_sent, 2 * size)
 
 
+@pytest.mark.parametrize('alive', [None, [True, True, False, True, True, True]])
+def test_a_pairwise_mixing_matrix_gathers_only_the_partner(alive):
+  """The asynchronous replay's matrices (each worker averages with at most one other)
+  take the partner path, whose program has no [M, M, ...] array; any W the general one."""
+  m = 6
+  x = _tree(m, 2)
+  w = np.eye(m)
+  for a, b in ((0, 3), (1, 2)):       # workers 4 and 5 sit out
+    w[[a, b, a, b], [a, b, b, a]] = 0.5
+  live = np.ones(m, bool) if alive is None else np.array(alive)
+  w_alive = np.where(np.outer(live, live), w, 0.0)
+  w_alive[np.diag_indices(m)] = 0.0
+  w_alive[np.diag_indices(m)] = 1.0 - w_alive.sum(1)
+  mixing = jnp.asarray(w, jnp.float32)
+  out, state = _run(comm.gossip('ring', 'deltas'), x, alive=alive, mixing=mixing)
+  np.testing.assert_allclose(_flat(out), w_alive @ _flat(x), atol=1e-6)
+  used = (w_alive > 0) & ~np.eye(m, dtype=bool)
+  np.testing.assert_array_equal(state.comm.peers, used)
+  np.testing.assert_array_equal(state.comm.bytes_sent, used.sum(1) * 10 * 4)
+  np.testing.assert_array_equal(state.comm.kind, np.where(used.any(1), comm.GOSSIP,
+                                                          comm.NO_COMM))
+  live = jnp.asarray(live)
+  text = _runner(comm.gossip('ring', 'deltas'), mixing).lower(x, None, live, 0).compile()
+  assert not re.search(rf'f32\[{m},{m},3,2\]', text.as_text())
+
+
+def test_absent_workers_download_what_they_adopt():
+  """An absent worker sends nothing; where it adopts the result (the all-reduces) it
+  receives it: the reduced tree, or the alive workers' messages. Gossip's dead keep
+  their own value and receive nothing."""
+  m, size = 4, 10 * 4
+  alive = np.array([True, False, True, True])
+  transforms = [comm.all_reduce_mean(), comm.sparse_all_gather_mean(),
+                comm.gossip('complete', 'deltas')]
+  (_, reduced), (_, gathered), (_, gossiped) = _run(transforms, _tree(m), alive=alive)
+  ring = 2 * 2 / 3 * size
+  np.testing.assert_allclose(reduced.bytes_sent, [ring, 0, ring, ring], rtol=1e-6)
+  np.testing.assert_allclose(reduced.bytes_received, [ring, size, ring, ring], rtol=1e-6)
+  np.testing.assert_allclose(gathered.comm.bytes_sent, [size, 0, size, size])
+  np.testing.assert_allclose(gathered.comm.bytes_received, [2 * size, 3 * size, 2 * size,
+                                                            2 * size])
+  others = alive[None, :] & ~np.eye(m, dtype=bool)
+  for wire, kind in ((reduced, comm.ALL_REDUCE), (gathered.comm, comm.ALL_GATHER)):
+    np.testing.assert_array_equal(wire.events, 1)
+    np.testing.assert_array_equal(wire.kind, kind)
+    np.testing.assert_array_equal(wire.peers, others)     # the absent one downloads too
+  for counter in gossiped.comm[:3]:
+    assert float(counter[1]) == 0.0
+
+
+def test_complete_graph_models_reduce_the_anchors_only_until_known_equal():
+  """On the complete graph, 'models' all-reduces the pseudo-gradients alone (DiLoCo)
+  once every worker knows the anchors agree; after a round with an absent worker, who
+  keeps its own anchor, the anchors are reduced too, every round."""
+  m = 4
+  g = comm.gossip('complete', 'models')
+  delta, theta, other = _tree(m, 1), _consensus(_tree(m, 2)), _tree(m, 3)
+
+  @jax.jit
+  def run(d, t, s, alive):
+    update = lambda d, t, s, a: g.update(d, s, t, context=comm.WorkerContext(alive=a))
+    return jax.vmap(update, axis_name=comm.WORKERS)(d, t, s, alive)
+
+  everyone = jnp.ones((m,), bool)
+  state = jax.vmap(g.init, axis_name=comm.WORKERS)(theta)
+  mean, _ = _run(comm.all_reduce_mean(), delta)
+  first, state = run(delta, theta, state, everyone)
+  chex.assert_trees_all_equal(first, mean)
+  np.testing.assert_array_equal(state.anchors_equal, True)
+  # Known equal: the anchors are not read (no pmax, no second all-reduce).
+  again, _ = run(delta, other, state, everyone)
+  chex.assert_trees_all_equal(again, mean)
+  _, state = run(delta, theta, state, jnp.array([True, False, True, True]))
+  np.testing.assert_array_equal(state.anchors_equal, False)
+  out, state = run(delta, other, state, everyone)
+  phi = _flat(other) - _flat(delta)
+  np.testing.assert_allclose(_flat(out), _flat(other) - phi.mean(0), atol=1e-5)
+  np.testing.assert_array_equal(state.anchors_equal, False)
+
+
 @pytest.mark.parametrize('name,m,impl,dtype,messages', [
     ('ring', 8, 'sparse', 'float32', 2),
     ('ring', 8, 'dense', 'bfloat16', 2),
@@ -253,16 +333,19 @@ def test_pairwise_families():
   assert sorted(odd.edges) == sorted(topology_lib.make_topology('ring', 5).edges)
 
 
-def test_gossip_residual_is_one_step():
+@pytest.mark.parametrize('step', [1.0, 0.25])
+def test_mixing_step_is_one_step(step):
   topo = topology_lib.make_topology('torus', 6)
   x = _tree(6, 4)
 
   def worker(v):
-    residual, state = comm.gossip_residual(v, topo)
-    return residual, state.bytes_sent
+    mixed, state = comm.mixing_step(v, topo, step=step)
+    return mixed, state.bytes_sent
 
-  residual, sent = jax.vmap(worker, axis_name=comm.WORKERS)(x)
-  np.testing.assert_allclose(_flat(x) - _flat(residual), topo.weights @ _flat(x), atol=1e-5)
+  mixed, sent = jax.vmap(worker, axis_name=comm.WORKERS)(x)
+  want = _flat(x) - step * (_flat(x) - topo.weights @ _flat(x))
+  np.testing.assert_allclose(_flat(mixed.new), want, atol=1e-5)
+  np.testing.assert_allclose(_flat(mixed.moved), want - _flat(x), atol=1e-5)
   np.testing.assert_array_equal(sent, 3 * 10 * 4)
 
 

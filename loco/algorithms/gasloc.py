@@ -4,6 +4,7 @@ import optax
 
 from loco import comm
 from loco import optim
+from loco import topology as topology_lib
 from loco.engine import Algorithm, AsyncReplay, local_updates
 from loco.errors import ConfigError
 
@@ -60,5 +61,6 @@ def gasloc(inner: optax.GradientTransformation, *, sync_every: int = 500,
                       weights=weights, seed=seed)
   algorithm = local_updates(inner, optax.chain(mixer, outer), sync_every=sync_every,
                             mesh=mesh)
-  peers = lambda m: comm.resolve_topology(topology, m, weights=weights, seed=seed).adjacency
+  peers = lambda m: topology_lib.resolve_topology(topology, m, weights=weights,
+                                                  seed=seed).adjacency
   return algorithm._replace(replay=AsyncReplay(sync_every, peers, transport_dtype))

@@ -21,7 +21,6 @@ from loco import comm
 from loco import optim
 from loco import topology as topology_lib
 from loco.engine import Algorithm, AsyncReplay, local_updates
-from loco.errors import ConfigError
 
 PyTree = Any
 
@@ -60,7 +59,7 @@ def adpsgd(inner: optax.GradientTransformation, *, topology: str = 'exponential'
   """AD-PSGD, simulated synchronously: `x_i <- (x_i + x_p(i)) / 2 + u_i(g_i(x_i))`.
 
   Every step each worker averages with the partner of a random matching of the
-  graph (drawn per step, shared by all workers; `comm.pairwise_family`), then adds
+  graph (drawn per step, shared by all workers; `topology.pairwise_family`), then adds
   its local inner update, computed from the gradient at its pre-averaging params.
 
   Args:
@@ -116,13 +115,11 @@ def a2cid2_exchange(topology: str = 'ring', *, weights: str = 'metropolis',
     Nabli et al., arXiv 2306.08289 (A2CiD2); code AdelNabli/ACiD.
   """
   comm.transport_dtype(dtype)   # fail early on a bad dtype
-  if isinstance(topology, str) and topology not in topology_lib.TOPOLOGIES:
-    raise ConfigError(f'algorithm.topology must be one of '
-                      f'{", ".join(topology_lib.TOPOLOGIES)}, got {topology!r}.')
+  topology_lib.check_spec(topology, weights)
 
   def resolve(num_workers):
-    return comm.resolve_topology(topology, num_workers, weights=weights, seed=seed,
-                                 pairwise=True)
+    return topology_lib.resolve_topology(topology, num_workers, weights=weights, seed=seed,
+                                         pairwise=True)
 
   def init(params):
     num_workers = comm.static_num_workers(axis_name)
@@ -145,21 +142,19 @@ def a2cid2_exchange(topology: str = 'ring', *, weights: str = 'metropolis',
       return (jax.tree.map(lambda p, q: a * p + b * q, x, xt),
               jax.tree.map(lambda p, q: b * p + a * q, x, xt))
 
-    f32 = lambda t: jax.tree.map(lambda v: v.astype(jnp.float32), t)
-    x = jax.tree.map(jnp.add, f32(params), f32(updates))
-    xt = jax.tree.map(jnp.add, f32(state.tilde), f32(updates))
+    f32 = lambda t: optax.tree.cast(t, jnp.float32)
+    x = optax.tree.add(f32(params), f32(updates))
+    xt = optax.tree.add(f32(state.tilde), f32(updates))
     x, xt = ode(x, xt)
     key = comm.round_key(context, seed, state.count)
-    residual, sent = comm.gossip_residual(x, family, context=context, key=key,
-                                          dtype=dtype, axis_name=axis_name)
-    # A matched pair: x_j - x_i = -2 residual; unmatched and dead workers: 0.
-    xt = jax.tree.map(lambda v, r: v - 2.0 * alpha * r, xt, residual)
-    x = jax.tree.map(jnp.subtract, x, residual)
-    x, xt = ode(x, xt)
-    new_updates = jax.tree.map(lambda v, p, u: (v - p.astype(jnp.float32)).astype(u.dtype),
-                               x, params, updates)
-    tilde = jax.tree.map(lambda v, old: v.astype(old.dtype), xt, state.tilde)
-    return new_updates, A2CiD2State(tilde, state.count + 1, sent)
+    mixed, sent = comm.mixing_step(x, family, context=context, key=key, dtype=dtype,
+                                   axis_name=axis_name)
+    # A matched pair moves by (x_j - x_i) / 2; unmatched and dead workers by 0.
+    xt = optax.tree.add_scale(xt, 2.0 * alpha, mixed.moved)
+    x, xt = ode(mixed.new, xt)
+    new_updates = optax.tree.cast_like(optax.tree.sub(x, f32(params)), updates)
+    return new_updates, A2CiD2State(optax.tree.cast_like(xt, state.tilde), state.count + 1,
+                                    sent)
 
   return optax.GradientTransformationExtraArgs(init, update)
 
@@ -221,5 +216,6 @@ def noloco(inner: optax.GradientTransformation, *, sync_every: int = 50,
   outer = optim.outer_optimizer('heavy_ball', outer_lr, outer_momentum)
   algorithm = local_updates(inner, optax.chain(mixer, outer), sync_every=sync_every,
                             mesh=mesh)
-  peers = lambda m: comm.resolve_topology(topology, m, seed=seed, pairwise=True).adjacency
+  peers = lambda m: topology_lib.resolve_topology(topology, m, seed=seed,
+                                                  pairwise=True).adjacency
   return algorithm._replace(replay=AsyncReplay(sync_every, peers, transport_dtype))

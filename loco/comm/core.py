@@ -104,47 +104,54 @@ def wire_bytes(state: PyTree, axis_name: str = WORKERS) -> Wire:
   return wire
 
 
-def other_participants(alive: jax.Array, axis_name: str = WORKERS) -> jax.Array:
-  """[M] bool: the alive workers other than this one (if this one is alive)."""
+def alive_of(context: WorkerContext | None) -> jax.Array:
+  """This worker's bool `alive` for the tick (True when the context does not say)."""
+  if context is None or context.alive is None:
+    return jnp.ones((), bool)
+  return jnp.asarray(context.alive, bool)
+
+
+def static_num_workers(axis_name: str = WORKERS) -> int | None:
+  """The static number of workers M inside the per-worker map; None outside it."""
+  try:
+    return jax.lax.axis_size(axis_name)
+  except NameError:
+    return None
+
+
+def alive_peers(alive: jax.Array, axis_name: str = WORKERS) -> jax.Array:
+  """[M] bool: the alive workers other than this one."""
   everyone = jax.lax.all_gather(alive, axis_name)
-  me = jax.lax.axis_index(axis_name)
-  return everyone & alive & (jnp.arange(everyone.shape[0]) != me)
+  return everyone & (jnp.arange(everyone.shape[0]) != jax.lax.axis_index(axis_name))
 
 
-def ring_all_reduce_state(alive: jax.Array, size, axis_name: str = WORKERS) -> CommState:
+def ring_all_reduce_state(alive: jax.Array, size, axis_name: str = WORKERS, *,
+                          absent_receive: bool = True) -> CommState:
   """The wire of a ring all-reduce of `size` bytes among the alive workers.
 
-  Each of m participants sends and receives 2 (m - 1) / m * size bytes; workers that
-  are not alive send and receive nothing.
+  Each of m participants sends and receives 2 (m - 1) / m * size bytes. A worker that
+  is not alive sends nothing; with `absent_receive` (the all-reduces, whose absent
+  workers adopt the result) it downloads the result, `size` bytes from the
+  participants, which is one event of the collective; without, it takes no part.
 
   References:
     Patarasuk & Yuan 2009 (ring all-reduce bandwidth).
   """
+  size = jnp.asarray(size, jnp.float32)
   participants = jax.lax.psum(alive.astype(jnp.float32), axis_name)
-  per_worker = 2.0 * (participants - 1.0) / jnp.maximum(participants, 1.0) * size
-  per_worker = jnp.where(alive, per_worker, 0.0).astype(jnp.float32)
-  events = (alive & (participants > 1)).astype(jnp.int32)
-  return CommState(per_worker, per_worker, events,
-                   jnp.where(events > 0, ALL_REDUCE, NO_COMM).astype(jnp.int32),
-                   jnp.where(alive, jnp.asarray(size, jnp.float32), 0.0),
-                   other_participants(alive, axis_name))
+  ring = 2.0 * (participants - 1.0) / jnp.maximum(participants, 1.0) * size
+  download = ~alive & (participants > 0) if absent_receive else jnp.zeros((), bool)
+  events = (alive & (participants > 1)) | download
+  return CommState(jnp.where(alive, ring, 0.0), jnp.where(alive, ring, size * download),
+                   events.astype(jnp.int32),
+                   jnp.where(events, ALL_REDUCE, NO_COMM).astype(jnp.int32),
+                   jnp.where(events, size, 0.0), alive_peers(alive, axis_name) & events)
 
 
 def tree_bytes(tree: PyTree, dtype=None) -> int:
   """Bytes of `tree` on the wire, each leaf at `dtype` (or its own dtype)."""
   return sum(int(np.prod(x.shape)) * jnp.dtype(dtype or x.dtype).itemsize
              for x in jax.tree.leaves(tree))
-
-
-def num_workers(axis_name: str = WORKERS) -> jax.Array:
-  """Size of the worker axis, from inside the per-worker map."""
-  return jax.lax.psum(1, axis_name)
-
-
-def _alive(context: WorkerContext | None) -> jax.Array:
-  if context is None or context.alive is None:
-    return jnp.ones((), bool)
-  return jnp.asarray(context.alive, bool)
 
 
 def transport_dtype(name: str):
@@ -158,8 +165,8 @@ def transport_dtype(name: str):
 def worker_mean(tree: PyTree, weight: jax.Array, axis_name: str = WORKERS) -> PyTree:
   """Weighted mean over workers of `tree` (weight: this worker's scalar weight)."""
   total = jax.lax.psum(weight.astype(jnp.float32), axis_name)
-  summed = jax.lax.psum(
-      jax.tree.map(lambda x: x.astype(jnp.float32) * weight, tree), axis_name)
+  summed = jax.lax.psum(optax.tree.scale(weight, optax.tree.cast(tree, jnp.float32)),
+                        axis_name)
   return jax.tree.map(lambda s: s / jnp.maximum(total, 1.0), summed)
 
 
@@ -173,7 +180,8 @@ def all_reduce_mean(dtype: str = 'float32',
   (a rejoining worker adopts what the others agreed on).
 
   Bytes: a ring all-reduce of S bytes over m participants sends and receives
-  2 (m - 1) / m * S per worker (`ring_all_reduce_state`).
+  2 (m - 1) / m * S per worker; an absent worker receives the S bytes of the result
+  (`ring_all_reduce_state`).
 
   Args:
     dtype: transport dtype, 'float32', 'bfloat16' or 'float16'.
@@ -194,10 +202,9 @@ def all_reduce_mean(dtype: str = 'float32',
   def update(updates, state, params=None, *, context: WorkerContext | None = None,
              **extra):
     del state, params, extra
-    alive = _alive(context)
-    on_wire = jax.tree.map(lambda x: x.astype(wire), updates)
-    mean = worker_mean(on_wire, alive.astype(jnp.float32), axis_name)
-    mean = jax.tree.map(lambda m, x: m.astype(x.dtype), mean, updates)
-    return mean, ring_all_reduce_state(alive, tree_bytes(updates, wire), axis_name)
+    alive = alive_of(context)
+    mean = worker_mean(optax.tree.cast(updates, wire), alive.astype(jnp.float32), axis_name)
+    wire_state = ring_all_reduce_state(alive, tree_bytes(updates, wire), axis_name)
+    return optax.tree.cast_like(mean, updates), wire_state
 
   return optax.GradientTransformationExtraArgs(init, update)

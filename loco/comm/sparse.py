@@ -22,8 +22,9 @@ import jax.numpy as jnp
 import optax
 
 from loco import compress
-from loco.comm.core import (ALL_GATHER, NO_COMM, WORKERS, CommState, WorkerContext, _alive,
-                            empty_comm_state, other_participants, ring_all_reduce_state)
+from loco.comm.core import (ALL_GATHER, NO_COMM, WORKERS, CommState, WorkerContext,
+                            alive_of, alive_peers, empty_comm_state, ring_all_reduce_state,
+                            worker_mean)
 from loco.errors import ConfigError
 
 PyTree = Any
@@ -44,6 +45,10 @@ def _compressor_or_identity(compressor):
     raise ConfigError('a compressed collective needs a loco.compress Compressor or None, '
                       f'got {type(compressor).__name__}.')
   return compressor
+
+
+def _weighted(tree, weight):
+  return optax.tree.scale(weight, optax.tree.cast(tree, jnp.float32))
 
 
 def _init(compressor, axis_name):
@@ -71,9 +76,10 @@ def sparse_all_gather_mean(
   removed them from the senders' residuals; dividing by the contributors applies each
   sent value at full size, like a dense mean of workers that agree.
 
-  Workers not alive this tick send and receive nothing and are left out of the
-  average, but adopt its result. Bytes (DESIGN §5): an all-gather sends this worker's
-  payload `S_i = bits_i / 8` and receives `sum_{j != i} S_j` (alive j only).
+  Workers not alive this tick send nothing and are left out of the average, but adopt
+  its result. Bytes (DESIGN §5): an all-gather sends this worker's payload
+  `S_i = bits_i / 8` and receives `sum_{j != i} S_j` (alive j only); an absent worker
+  receives the alive workers' messages (to decode the result) and sends nothing.
 
   Args:
     compressor: the compressor each worker applies (None: dense, at the updates'
@@ -94,28 +100,23 @@ def sparse_all_gather_mean(
   def update(updates, state, params=None, *, context: WorkerContext | None = None,
              **extra):
     del params, extra
-    alive = _alive(context)
+    alive = alive_of(context)
     weight = alive.astype(jnp.float32)
     message, inner = compressor.encode(updates, state.compressor, context=context)
-    summed = jax.lax.psum(
-        jax.tree.map(lambda d: d.astype(jnp.float32) * weight, message.decoded),
-        axis_name)
+    summed = jax.lax.psum(_weighted(message.decoded, weight), axis_name)
     alive_count = jax.lax.psum(weight, axis_name)
     if divide == 'workers' or message.mask is None:
       count = jax.tree.map(lambda _: alive_count, summed)
     else:
-      count = jax.lax.psum(
-          jax.tree.map(lambda m: m.astype(jnp.float32) * weight, message.mask),
-          axis_name)
+      count = jax.lax.psum(_weighted(message.mask, weight), axis_name)
     mean = jax.tree.map(lambda s, c, u: (s / jnp.maximum(c, 1.0)).astype(u.dtype),
                         summed, count, updates)
     sent = jnp.asarray(message.bits, jnp.float32) / 8.0 * weight
     received = jax.lax.psum(sent, axis_name) - sent
-    received = jnp.where(alive, received, 0.0)
-    events = (alive & (alive_count > 1)).astype(jnp.int32)
-    wire = CommState(sent, received, events,
-                     jnp.where(events > 0, ALL_GATHER, NO_COMM).astype(jnp.int32), sent,
-                     other_participants(alive, axis_name))
+    events = jnp.where(alive, alive_count > 1, alive_count > 0)
+    wire = CommState(sent, received, events.astype(jnp.int32),
+                     jnp.where(events, ALL_GATHER, NO_COMM).astype(jnp.int32), sent,
+                     alive_peers(alive, axis_name) & events)
     return mean, CompressedCommState(wire, inner)
 
   return optax.GradientTransformationExtraArgs(_init(compressor, axis_name), update)
@@ -159,22 +160,17 @@ def compressed_all_reduce_mean(
   def update(updates, state, params=None, *, context: WorkerContext | None = None,
              **extra):
     del params, extra
-    alive = _alive(context)
-    weight = alive.astype(jnp.float32)
+    alive = alive_of(context)
     message, inner = compressor.encode(updates, state.compressor, context=context)
     if message.mask is not None:   # e.g. error feedback around a sparsifier
       raise sparse_error
-    participants = jax.lax.psum(weight, axis_name)
-    summed = jax.lax.psum(
-        jax.tree.map(lambda d: d.astype(jnp.float32) * weight, message.decoded),
-        axis_name)
-    mean = jax.tree.map(lambda s: s / jnp.maximum(participants, 1.0), summed)
+    mean = worker_mean(message.decoded, alive.astype(jnp.float32), axis_name)
     if requantize:
       # The shard owners re-encode the mean; every worker receives it, alive or not.
       shared = None if context is None else context._replace(alive=None)
       second, _ = compressor.encode(mean, compressor.init(mean), context=shared)
       mean = second.decoded
-    mean = jax.tree.map(lambda m, u: m.astype(u.dtype), mean, updates)
+    mean = optax.tree.cast_like(mean, updates)
     size = jnp.asarray(message.bits, jnp.float32) / 8.0
     return mean, CompressedCommState(ring_all_reduce_state(alive, size, axis_name), inner)
 
