@@ -394,7 +394,8 @@ class Clock:
     kind = np.asarray(wire.kind)
     sent = np.asarray(wire.sent, float)
     for collective in (_ALL_REDUCE, _ALL_GATHER):
-      members = np.flatnonzero(kind == collective)
+      # The ring is the workers that sent; an absent worker only downloads the result.
+      members = np.flatnonzero((kind == collective) & (sent > 0))
       if members.size:
         self._collective(collective, members, sent, np.asarray(wire.payload, float),
                          int(wire.overlap_steps or 0))
