@@ -77,7 +77,7 @@ def round_key(context: WorkerContext | None, seed: int, count: jax.Array) -> jax
   """This round's key for drawing a family member: the tick's shared key, else a counter."""
   if context is not None and context.key is not None:
     return jax.random.fold_in(context.key, _KEY_SALT)
-  return jax.random.fold_in(jax.random.PRNGKey(seed), count)
+  return jax.random.fold_in(jax.random.key(seed), count)
 
 
 # ---------------------------------------------------------------------------
