@@ -7,14 +7,15 @@ table has each run's status (finished, incomplete, failed, diverged), final and 
 eval loss, tokens, bytes sent per worker, peak bytes, simulated and wall seconds, and
 the first step / tokens / bytes / simulated seconds at which its eval loss reached the
 target (by default the largest final eval loss among finished runs, so every finished
-run reaches it). It is printed, and written with the plots to OUT/report.md. A torn
+run reaches it). It is printed, and written with the plots to OUT/report.md. Runs
+re-timed on other networks (`loco.retime`: WORKDIR/retimed/NAME) add a table of the
+simulated seconds to the target per run x network and one plot panel per network. A torn
 or corrupted line of a run's metrics.jsonl (a crash mid-write) is left out and listed
 with the problems; paths that hold no run are an error (exit code 1), and nothing is
 written.
 """
 
 import argparse
-import json
 import math
 import os
 import re
@@ -22,12 +23,14 @@ import sys
 from typing import Any, Sequence
 
 from loco.metrics import read_metrics, read_metrics_checked
-from loco.workdir import DIVERGED
+from loco.workdir import DIVERGED, read_json
 
 # A run's files that loco.sweep writes (read here and by loco.sweep).
 STATUS = 'status.json'
 LOG = 'log.txt'
 SWEEP = 'sweep.json'
+RETIMED = 'retimed'    # WORKDIR/retimed/NAME: the run re-timed on another network (loco.retime)
+AS_TRAINED = 'as trained'
 _DIVERGED = re.compile(r'training loss became|became non-finite|model exploded')
 
 # (metrics key, file name, axis label) of each plot.
@@ -35,6 +38,7 @@ PLOTS = (('step', 'eval_loss_vs_steps.png', 'inner steps per worker'),
          ('tokens', 'eval_loss_vs_tokens.png', 'training tokens (all workers)'),
          ('bytes_sent', 'eval_loss_vs_bytes_sent.png', 'bytes sent per worker'),
          ('sim_seconds', 'eval_loss_vs_sim_seconds.png', 'simulated seconds'))
+NETWORKS_PNG = 'eval_loss_vs_sim_seconds_by_network.png'
 
 
 class ReportError(Exception):
@@ -43,7 +47,7 @@ class ReportError(Exception):
 
 def read_status(workdir: str) -> dict[str, Any] | None:
   """A run's status.json, or None if it has none (or it cannot be read)."""
-  return _read_json(os.path.join(workdir, STATUS))
+  return read_json(os.path.join(workdir, STATUS))
 
 
 def error_line(log_path: str) -> str | None:
@@ -80,14 +84,6 @@ def find_workdirs(path: str) -> list[str]:
   return found
 
 
-def _read_json(path: str) -> dict[str, Any] | None:
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return None
-
-
 def _finite(x) -> bool:
   return isinstance(x, (int, float)) and math.isfinite(x)
 
@@ -105,7 +101,7 @@ def _names(workdirs: Sequence[str]) -> list[str]:
 
 def _run(workdir: str, name: str) -> dict[str, Any]:
   """One run's row, without the time-to-target fields."""
-  config = (_read_json(os.path.join(workdir, 'config.json')) or {}).get('config', {})
+  config = (read_json(os.path.join(workdir, 'config.json')) or {}).get('config', {})
   status = read_status(workdir)
   records, problem = _metrics(workdir)
   evals = [r for r in records if 'eval_loss' in r]
@@ -115,7 +111,7 @@ def _run(workdir: str, name: str) -> dict[str, Any]:
       None if state else error_line(os.path.join(workdir, LOG)))
   nonfinite = any(not _finite(r.get(k)) for r in records for k in ('train_loss', 'eval_loss')
                   if k in r)
-  diverged = _read_json(os.path.join(workdir, DIVERGED))    # written by loco.train
+  diverged = read_json(os.path.join(workdir, DIVERGED))    # written by loco.train
   if diverged:
     error = diverged.get('message') or error
   steps = config.get('steps')
@@ -214,15 +210,7 @@ def plot_runs(workdirs: Sequence[str], out_dir: str, labels: Sequence[str] | Non
   from matplotlib import pyplot as plt
 
   labels = list(labels) if labels is not None else _names(workdirs)
-  series = []
-  for workdir, label in zip(workdirs, labels):
-    try:
-      evals = [r for r in read_metrics(workdir)
-               if 'eval_loss' in r and _finite(r['eval_loss'])]
-    except (OSError, ValueError):
-      continue
-    if evals:
-      series.append((label, evals))
+  series = _eval_series(workdirs, labels)
   if not series:
     return []
   os.makedirs(out_dir, exist_ok=True)
@@ -251,6 +239,107 @@ def plot_runs(workdirs: Sequence[str], out_dir: str, labels: Sequence[str] | Non
     plt.close(fig)
     written.append(path)
   return written
+
+
+def _eval_series(workdirs, labels) -> list[tuple[str, list[dict[str, Any]]]]:
+  """(label, its finite eval records) of every workdir that has some."""
+  series = []
+  for workdir, label in zip(workdirs, labels):
+    try:
+      evals = [r for r in read_metrics(workdir)
+               if 'eval_loss' in r and _finite(r['eval_loss'])]
+    except (OSError, ValueError):
+      continue
+    if evals:
+      series.append((label, evals))
+  return series
+
+
+def networks(rows: Sequence[dict[str, Any]], order: Sequence[str] = ()
+             ) -> dict[str, list[tuple[str, str]]]:
+  """{network: [(run name, workdir)]}: the runs as trained (if any has simulated time),
+  then each re-timing (`loco.retime`), in `order` first, then by name."""
+  clocked = [(r['name'], r['workdir']) for r in rows
+             if _finite(r['sim_seconds']) and r['sim_seconds'] > 0]
+  out = {AS_TRAINED: clocked} if clocked else {}
+  found = {}
+  for r in rows:
+    root = os.path.join(r['workdir'], RETIMED)
+    names = sorted(os.listdir(root)) if os.path.isdir(root) else []
+    for name in names:
+      if os.path.isfile(os.path.join(root, name, 'metrics.jsonl')):
+        found.setdefault(name, []).append((r['name'], os.path.join(root, name)))
+  if not found:
+    return {}
+  for name in [n for n in order if n in found] + sorted(set(found) - set(order)):
+    out[name] = found[name]
+  return out
+
+
+def network_table(by_network: dict[str, list[tuple[str, str]]], target: float | None
+                  ) -> str:
+  """Markdown: simulated seconds to the target (and in all) per run x network."""
+  runs = list(dict.fromkeys(name for pairs in by_network.values() for name, _ in pairs))
+  cells = {}
+  for network, pairs in by_network.items():
+    rows = summarize([w for _, w in pairs], target, [n for n, _ in pairs])
+    best = min((r['target_sim_seconds'] for r in rows if _finite(r['target_sim_seconds'])),
+               default=None)
+    for r in rows:
+      hit = _seconds(r['target_sim_seconds'])
+      if r['target_sim_seconds'] == best and best is not None:
+        hit = f'**{hit}**'
+      cells[r['name'], network] = f'{hit} ({_seconds(r["sim_seconds"])})'
+  lines = ['| run | ' + ' | '.join(by_network) + ' |', '|' + '---|' * (len(by_network) + 1)]
+  lines += ['| ' + ' | '.join([run] + [cells.get((run, n), '') for n in by_network]) + ' |'
+            for run in runs]
+  return '\n'.join(lines)
+
+
+def plot_networks(by_network: dict[str, list[tuple[str, str]]], path: str,
+                  target: float | None = None) -> str | None:
+  """One panel per network: eval loss against simulated seconds (log axis), every run."""
+  import matplotlib
+  matplotlib.use('Agg')
+  from matplotlib import pyplot as plt
+  from matplotlib import ticker
+
+  runs = list(dict.fromkeys(name for pairs in by_network.values() for name, _ in pairs))
+  colors = {name: f'C{i % 10}' for i, name in enumerate(runs)}
+  panels = [(network, _eval_series([w for _, w in pairs], [n for n, _ in pairs]))
+            for network, pairs in by_network.items()]
+  panels = [(network, series) for network, series in panels if series]
+  if not panels:
+    return None
+  cols = min(3, len(panels))
+  rows = math.ceil(len(panels) / cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), sharey=True,
+                           squeeze=False)
+  for ax, (network, series) in zip(axes.flat, panels):
+    for label, evals in series:
+      ax.plot([r.get('sim_seconds') or 0 for r in evals], [r['eval_loss'] for r in evals],
+              marker='o', markersize=3, color=colors[label], label=label)
+    if target is not None:
+      ax.axhline(target, color='gray', linestyle='--', linewidth=1)
+    if all((r.get('sim_seconds') or 0) > 0 for _, evals in series for r in evals):
+      ax.set_xscale('log')
+      ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f'{x:g}'))
+      ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+    ax.set_title(network, fontsize='medium')
+    ax.set_xlabel('simulated seconds')
+    ax.grid(True, alpha=0.3)
+  for ax in axes.flat[len(panels):]:
+    ax.axis('off')
+  for ax in axes[:, 0]:
+    ax.set_ylabel('eval loss')
+  handles, labels = axes.flat[0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc='lower center', ncol=min(len(labels), 6),
+             fontsize='small')
+  fig.tight_layout(rect=(0, 0.4 / fig.get_figheight(), 1, 1))
+  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
 
 
 def _loss(x):
@@ -345,7 +434,7 @@ def _collect(paths: Sequence[str]) -> tuple[list[str], list[str], list[dict]]:
     else:
       prefix = os.path.basename(os.path.abspath(path)) + '/' if len(paths) > 1 else ''
       prefix_names = [prefix + os.path.relpath(w, path) for w in found]
-      sweep = _read_json(os.path.join(path, SWEEP)) or {}
+      sweep = read_json(os.path.join(path, SWEEP)) or {}
       order = [r['name'] for r in sweep.get('runs', [])]
       rank = {n: i for i, n in enumerate(order)}
       pairs = sorted(zip(found, prefix_names),
@@ -384,6 +473,9 @@ def write_report(paths: Sequence[str], out: str | None = None,
   count_line = f'{len(rows) + len(missing)} runs: ' + ', '.join(
       f'{n} {s}' for s, n in sorted(counts.items()))
   problems = _problems(rows) + [f'`{m["name"]}` (not started)' for m in missing]
+  order = [n for p in paths for n in (read_json(os.path.join(p, SWEEP)) or {}).get('retimes', {})]
+  by_network = networks(rows, order)
+  target_used = rows[0]['target'] if rows else target
   lines = [f'# Report: {", ".join(paths)}', '', count_line + '.', '',
            _target_line(rows, target is not None), '', markdown_table(rows), '',
            'Bytes are per worker (cumulative); "sim s" is the simulated wall-clock on the '
@@ -395,6 +487,16 @@ def write_report(paths: Sequence[str], out: str | None = None,
       lines += [f'![{title}]({os.path.relpath(p, out)})', '']
   else:
     lines += ['No eval loss to plot yet.', '']
+  if by_network:
+    png = plot_networks(by_network, os.path.join(out, NETWORKS_PNG), target_used)
+    table = network_table(by_network, target_used)
+    lines += ['## Re-timed on other networks', '',
+              'Simulated seconds to the target, and in all (in parentheses), of each run on '
+              'each network (`loco.retime`: the same run, its communication log replayed on '
+              'that network; — never reached); the fastest to the target in bold.', '',
+              table, '']
+    if png:
+      lines += [f'![eval loss vs simulated seconds, per network]({NETWORKS_PNG})', '']
   lines += ['## Problems: failed, diverged, incomplete and unstarted runs, damaged metrics',
             '']
   lines += [f'- {p}' for p in problems] or ['None.']
@@ -408,6 +510,8 @@ def write_report(paths: Sequence[str], out: str | None = None,
     f.write('\n'.join(lines) + '\n')
   print(text_table(rows), file=stream)
   print(count_line + '. ' + _target_line(rows, target is not None), file=stream)
+  if by_network:
+    print('simulated seconds to target (in all), per network:\n' + table, file=stream)
   for p in problems:
     print(f'  {p.replace("`", "")}', file=stream)
   print(f'report: {path}', file=stream, flush=True)

@@ -13,6 +13,11 @@ by one or built with `grid` (the cartesian product of some config keys):
             *grid('experiments/tiny_diloco.py', 'diloco_h{sync_every}_lr{outer_lr}',
                   **{'algorithm.sync_every': [10, 50], 'algorithm.outer_lr': [0.5, 0.7]})]
 
+A spec may also define `get_retimes()`, {name: {'network.KEY': value}}: after
+training, every finished synchronous run is re-timed on each of these networks without
+training again (`loco.retime`, into OUT/RUN/retimed/NAME; done once, redone only if the
+run or the network changed), and the report compares the runs on every network.
+
 Every run is its own process, `python -m loco.main --config=CONFIG --workdir=OUT/NAME
 --config.KEY=VALUE ...` (config paths are relative to the current directory, the
 repository root), with its output in OUT/NAME/log.txt and its state in
@@ -33,7 +38,6 @@ import datetime
 import fcntl
 import importlib.util
 import itertools
-import json
 import os
 import re
 import signal
@@ -46,6 +50,7 @@ from loco import configs
 from loco import report as report_lib
 from loco.errors import LocoError
 from loco.report import LOG, STATUS, SWEEP, error_line, read_status
+from loco.workdir import read_json, write_json
 
 _NAME = re.compile(r'^[A-Za-z0-9_.,=+-]+(/[A-Za-z0-9_.,=+-]+)*$')
 
@@ -111,8 +116,7 @@ def _config_label(config: str) -> str:
   return f'{stem}-{variant}' if variant else stem
 
 
-def load_spec(path: str) -> list[Run]:
-  """The runs of a spec file (its `get_sweep()`), checked for names and values."""
+def _spec_module(path: str):
   if not os.path.isfile(path):
     raise SweepError(f'the sweep spec {path} does not exist.')
   if os.getcwd() not in sys.path:   # specs and configs import experiments.*
@@ -123,16 +127,52 @@ def load_spec(path: str) -> list[Run]:
     module_spec.loader.exec_module(module)
   except Exception as e:  # the spec's own error, as one line
     raise SweepError(f'the sweep spec {path} raised {type(e).__name__}: {e}') from None
-  if not callable(getattr(module, 'get_sweep', None)):
-    raise SweepError(f'the sweep spec {path} does not define get_sweep().')
+  return module
+
+
+def _call(path: str, module, function: str):
   try:
-    runs = list(module.get_sweep())
+    return getattr(module, function)()
   except SweepError:
     raise
   except Exception as e:
-    raise SweepError(f'get_sweep() of {path} raised {type(e).__name__}: {e}') from None
+    raise SweepError(f'{function}() of {path} raised {type(e).__name__}: {e}') from None
+
+
+def load_spec(path: str) -> list[Run]:
+  """The runs of a spec file (its `get_sweep()`), checked for names and values."""
+  module = _spec_module(path)
+  if not callable(getattr(module, 'get_sweep', None)):
+    raise SweepError(f'the sweep spec {path} does not define get_sweep().')
+  runs = list(_call(path, module, 'get_sweep'))
   check_runs(runs)
   return runs
+
+
+def load_retimes(path: str) -> dict[str, dict[str, Any]]:
+  """The re-timings of a spec file: its `get_retimes()`, or {} if it has none."""
+  module = _spec_module(path)
+  if not callable(getattr(module, 'get_retimes', None)):
+    return {}
+  retimes = _call(path, module, 'get_retimes')
+  check_retimes(retimes)
+  return dict(retimes)
+
+
+def check_retimes(retimes: Any) -> None:
+  """Raises SweepError unless `retimes` is {name: {'network.KEY': value}} of valid networks."""
+  if not isinstance(retimes, dict):
+    raise SweepError(f'get_retimes() must return {{name: {{network.KEY: value}}}}, got '
+                     f'{type(retimes).__name__}.')
+  for name, overrides in retimes.items():
+    from loco import retime as retime_lib   # jax, only for a spec with re-timings
+    if not isinstance(overrides, dict) or 'network.profile' not in overrides:
+      raise SweepError(f're-timing {name!r} must be a dict with network.profile.')
+    try:
+      retime_lib.check_name(name)
+      retime_lib.network_section(overrides)
+    except LocoError as e:
+      raise SweepError(f're-timing {name!r}: {e}') from None
 
 
 def check_runs(runs: Sequence[Run]) -> None:
@@ -204,14 +244,6 @@ def load_config(argv: Sequence[str]):
   return config
 
 
-def _write_json(path: str, data: Any) -> None:
-  # Write-then-rename: a kill at any moment leaves the old file or the new one.
-  tmp = f'{path}.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(data, f, indent=1, default=str)
-  os.replace(tmp, path)
-
-
 def _now() -> str:
   return datetime.datetime.now().isoformat(timespec='seconds')
 
@@ -280,7 +312,7 @@ class _Active:
     self._write()
 
   def _write(self) -> None:
-    _write_json(os.path.join(self.workdir, STATUS), self.status)
+    write_json(os.path.join(self.workdir, STATUS), self.status)
 
   def finish(self, returncode: int | None, interrupted: bool = False) -> str:
     """Records the end of this attempt; returns the state."""
@@ -302,7 +334,7 @@ class _Active:
 def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
               extra: dict[str, Any] | None = None, retry_failed: bool = False,
               dry_run: bool = False, spec: str | None = None, report: bool = True,
-              stream=None) -> int:
+              stream=None, retimes: dict[str, dict[str, Any]] | None = None) -> int:
   """Runs (or resumes) a sweep in `out`; returns the exit code (0: all finished).
 
   Args:
@@ -315,14 +347,19 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
     spec: the spec file, recorded in `out/sweep.json`.
     report: write the report (`loco.report`) at the end.
     stream: where the progress lines go (stdout).
+    retimes: {name: {'network.KEY': value}}: after training, every finished
+      synchronous run is re-timed on each of these networks (`loco.retime`) into
+      `out/RUN/retimed/NAME`, unless that is already done.
 
   Returns:
-    0 if every run finished, 1 if one failed or a dry run found a bad config, 130 if
-    interrupted.
+    0 if every run finished (and every re-timing worked), 1 if one failed or a dry run
+    found a bad config, 130 if interrupted.
   """
   stream = stream or sys.stdout
   say = lambda text: print(text, file=stream, flush=True)   # noqa: E731
   check_runs(runs)
+  retimes = retimes or {}
+  check_retimes(retimes)
   if parallel < 1:
     raise SweepError(f'--parallel must be >= 1, got {parallel}.')
   cmds = {r.name: command(r, os.path.join(out, r.name), extra) for r in runs}
@@ -330,6 +367,8 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
            for r in runs}
   width = max(len(r.name) for r in runs)
   if dry_run:
+    if retimes:
+      say(f're-time finished synchronous runs on: {", ".join(retimes)}')
     return _dry_run(runs, cmds, plans, width, say)
 
   os.makedirs(out, exist_ok=True)
@@ -338,8 +377,8 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except OSError:
     raise SweepError(f'another loco.sweep is running in {out}.') from None
-  _write_json(os.path.join(out, SWEEP), dict(
-      spec=spec, extra=extra or {},
+  write_json(os.path.join(out, SWEEP), dict(
+      spec=spec, extra=extra or {}, retimes=retimes,
       runs=[dict(name=r.name, config=r.config, overrides=r.overrides, command=cmds[r.name])
             for r in runs]))
 
@@ -390,6 +429,7 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
       a.finish(a.proc.returncode, interrupted=True)
 
   _summary(runs, results, time.time() - t0, out, say)
+  failed_retimes = 0 if code else _retime_runs(runs, out, retimes, say)
   if report:
     try:
       report_lib.write_report([out], stream=stream)
@@ -399,7 +439,36 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
   if code:
     return code
   states = [(read_status(os.path.join(out, r.name)) or {}).get('state') for r in runs]
-  return 0 if all(state == 'finished' for state in states) else 1
+  return 0 if all(state == 'finished' for state in states) and not failed_retimes else 1
+
+
+def _retime_runs(runs, out, retimes, say) -> int:
+  """Re-times every finished synchronous run on each network; returns the failures."""
+  if not retimes:
+    return 0
+  from loco import retime as retime_lib
+  t0, done, failed = time.time(), 0, 0
+  for r in runs:
+    workdir = os.path.join(out, r.name)
+    config = (read_json(os.path.join(workdir, 'config.json')) or {}).get('config', {})
+    if (read_status(workdir) or {}).get('state') != 'finished':
+      continue
+    if config.get('network', {}).get('mode') == 'async':
+      say(f'retime  {r.name}: not re-timed (asynchronous: its schedule depends on the '
+          'network)')
+      continue
+    for name, overrides in retimes.items():
+      if retime_lib.is_current(workdir, overrides, name):
+        continue
+      try:
+        retime_lib.retime(workdir, overrides, name)
+        done += 1
+      except (LocoError, OSError) as e:
+        failed += 1
+        say(f'retime  {r.name} on {name}: error: {e}')
+  say(f'retime: {done} re-timing(s) written, {failed} failed, {time.time() - t0:.1f} s '
+      f'({len(retimes)} networks: {", ".join(retimes)})')
+  return failed
 
 
 def _terminate(proc: subprocess.Popen) -> None:
@@ -472,7 +541,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = load_spec(args.spec)
     return run_sweep(runs, out, parallel=args.parallel, extra=parse_sets(args.set),
                      retry_failed=args.retry_failed, dry_run=args.dry_run,
-                     spec=args.spec, report=not args.no_report)
+                     spec=args.spec, report=not args.no_report,
+                     retimes=load_retimes(args.spec))
   except SweepError as e:
     print(f'loco.sweep: error: {e}', file=sys.stderr)
     return 2

@@ -203,3 +203,37 @@ def test_report_does_not_import_the_sweep_launcher():
   assert not {'loco.sweep', 'sweep'} & imported
   assert not any(isinstance(node, ast.ImportFrom) and node.module == 'loco'
                  and any(a.name == 'sweep' for a in node.names) for node in ast.walk(tree))
+
+
+def test_runs_re_timed_on_other_networks_get_a_table_and_a_panel_each(tmp_path):
+  root = str(tmp_path / 'sweep')
+  done = dict(state='finished', returncode=0, error=None)
+  _workdir(root, 'ddp', 'ddp', metrics=_records([3.0, 2.1, 2.2], sim_per_step=1.0),
+           status=done)
+  _workdir(root, 'diloco', 'diloco', metrics=_records([3.2, 2.6, 2.4], sim_per_step=0.5),
+           status=done)
+  # loco.retime's layout: WORKDIR/retimed/NAME; 'fast' only for ddp.
+  for run, name, per_step in (('ddp', 'slow', 10.0), ('diloco', 'slow', 0.6),
+                              ('ddp', 'fast', 0.2)):
+    evals = [3.0, 2.1, 2.2] if run == 'ddp' else [3.2, 2.6, 2.4]
+    _workdir(root, f'{run}/retimed/{name}', run, metrics=_records(evals, sim_per_step=per_step))
+  with open(os.path.join(root, 'sweep.json'), 'w') as f:
+    json.dump({'runs': [{'name': 'ddp'}, {'name': 'diloco'}],
+               'retimes': {'slow': {}, 'fast': {}}}, f)
+  rows = report.summarize(report.find_workdirs(root))
+  assert [r['name'] for r in rows] == ['ddp', 'diloco']      # re-timings are not runs
+  stream = io.StringIO()
+  text = open(report.write_report([root], stream=stream)).read()
+  # Target 2.4 (diloco's final loss): ddp reaches it at step 20, diloco at step 30.
+  table = ('| run | as trained | slow | fast |\n|---|---|---|---|\n'
+           '| ddp | 20.0 (30.0) | 200.0 (300.0) | **4.0** (6.0) |\n'
+           '| diloco | **15.0** (15.0) | **18.0** (18.0) |  |')
+  assert '## Re-timed on other networks' in text and table in text
+  assert table in stream.getvalue()
+  assert f'({report.NETWORKS_PNG})' in text
+  with open(os.path.join(root, report.NETWORKS_PNG), 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  # A retimed workdir is itself a run for loco.report.
+  alone = report.summarize([os.path.join(root, 'ddp', 'retimed', 'slow')])[0]
+  assert (alone['status'], alone['sim_seconds'], alone['target_sim_seconds']) == (
+      'finished', 300.0, 200.0)     # its own final loss, 2.2, first at step 20

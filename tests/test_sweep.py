@@ -171,11 +171,26 @@ def test_the_sweep_specs_load_and_every_config_parses():
       runs = sweep.load_spec(os.path.join('launch', 'sweeps', spec))
       for run in runs:
         config = sweep.load_config(sweep.command(run, 'w')[3:])
-        assert config.steps == 300 and config.num_workers == 8, (spec, run.name)
+        steps = 150 if spec == 'retime.py' else 300     # retime.py: 5 runs in ~15 min
+        assert config.steps == steps and config.num_workers == 8, (spec, run.name)
   finally:
     os.chdir(cwd)
   names = {r.name: r for r in sweep.load_spec(os.path.join(REPO, 'launch/sweeps/main.py'))}
   assert sorted(names) == ['ddp', 'diloco', 'gasloc_ring', 'sparseloco', 'streaming_diloco']
+
+
+def test_the_retime_spec_has_eight_networks_that_build_for_its_runs():
+  from loco import network, retime
+  retimes = sweep.load_retimes(os.path.join(REPO, 'launch/sweeps/retime.py'))
+  assert len(retimes) >= 8
+  profiles = set()
+  for name, overrides in retimes.items():
+    cfg = network.parse_network(retime.network_section(overrides))
+    network.make_network(cfg, 8, 0.1)          # the custom matrix is 8 x 8
+    profiles.add(cfg.profile)
+  assert {'homogeneous', 'multi_region', 'lognormal', 'slow_links', 'stragglers',
+          'custom'} <= profiles
+  assert sweep.load_retimes(os.path.join(REPO, 'launch/sweeps/main.py')) == {}
 
 
 _EQUAL_TO_COMPARE = """
@@ -268,6 +283,51 @@ def test_killed_sweep_resumes_without_redoing_finished_runs(tmp_path, nano_file)
   assert os.path.exists(os.path.join(out, 'eval_loss_vs_steps.png'))
   with open(os.path.join(out, 'b', 'metrics.jsonl')) as f:
     assert [json.loads(line)['step'] for line in f] == [5, 10]
+
+
+_RETIMES = """
+
+def get_retimes():
+  return {{'slow': {{'network.profile': 'homogeneous', 'network.step_seconds': 1.0,
+                    'network.bandwidth': 1e5}},
+          'regions': {{'network.profile': 'multi_region', 'network.step_seconds': 1.0}}}}
+"""
+
+
+def test_a_sweep_re_times_its_finished_synchronous_runs_once(tmp_path, nano_file):
+  out = str(tmp_path / 'sweep')
+  spec = _spec(tmp_path, f"[Run('a', {nano_file!r}), Run('bad', {nano_file!r}, "
+                         f"{{'optimizer.lr': -1.0}}), Run('async', {nano_file!r}, "
+                         "{'num_workers': 4, 'algorithm.name': 'gasloc', "
+                         "'algorithm.sync_every': 5, 'network.profile': 'homogeneous', "
+                         "'network.mode': 'async'})]")
+  with open(spec, 'a') as f:
+    f.write(_RETIMES.format())
+  first = _sweep_cli(spec, f'--out={out}')
+  assert first.returncode == 1, first.stdout + first.stderr     # 'bad' failed
+  assert 'retime  async: not re-timed (asynchronous' in first.stdout
+  assert 'retime: 2 re-timing(s) written, 0 failed' in first.stdout
+  assert sorted(os.listdir(os.path.join(out, 'a', 'retimed'))) == ['regions', 'slow']
+  assert not os.path.exists(os.path.join(out, 'async', 'retimed'))
+  with open(os.path.join(out, 'a', 'retimed', 'slow', 'metrics.jsonl')) as f:
+    rows = [json.loads(line) for line in f]
+  assert [r['step'] for r in rows] == [5, 10] and rows[-1]['sim_seconds'] > 10.0
+  assert list(json.load(open(os.path.join(out, 'sweep.json')))['retimes']) == ['slow',
+                                                                               'regions']
+  report = open(os.path.join(out, 'report.md')).read()
+  assert '## Re-timed on other networks' in report
+  assert '| run | as trained | slow | regions |' in report   # the async run has a clock
+  again = _sweep_cli(spec, f'--out={out}')
+  assert 'retime: 0 re-timing(s) written, 0 failed' in again.stdout
+  # A bad network in the spec: one line, before anything runs.
+  with open(spec, 'a') as f:
+    f.write("\n\ndef get_retimes():\n  return {'x': {'network.profile': 'moon'}}\n")
+  bad = _sweep_cli(spec, f'--out={tmp_path / "other"}')
+  assert bad.returncode == 2
+  assert bad.stderr.splitlines() == [
+      "loco.sweep: error: re-timing 'x': network.profile must be one of homogeneous, "
+      "multi_region, lognormal, slow_links, stragglers, churn, custom, got 'moon'."]
+  assert not os.path.exists(tmp_path / 'other')
 
 
 def test_failed_runs_rerun_only_with_retry_failed_or_a_changed_command(tmp_path, nano_file):

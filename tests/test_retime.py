@@ -1,0 +1,202 @@
+"""Re-timing finished runs (loco.retime): its own network reproduces the run's clock
+exactly; another network changes it as a hand computation says; bad input is one line."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from loco import report
+from loco import retime
+from loco import train
+from loco.errors import LocoError
+from loco.metrics import read_metrics
+from tests.nano import make_nano_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+M = 4
+# 4 workers; the links into and out of worker 3 are 20x slower, worker 0 -> 1 2x.
+MATRIX = [[0.0 if i == j else 2e6 / (20 if 3 in (i, j) else 2 if (i, j) == (0, 1) else 1)
+           for j in range(M)] for i in range(M)]
+CLOCKED = ('sim_seconds', 'utilization', 'idle_seconds')
+
+# name: (algorithm keys, network keys): every kind of collective and schedule.
+RUNS = {
+    'ddp': (dict(name='ddp'), dict(profile='lognormal', sigma=1.0, bandwidth=1e6)),
+    'diloco': (dict(name='diloco', sync_every=5),
+               dict(profile='multi_region', inter_bandwidth=1e5, inter_latency=0.2)),
+    'streaming': (dict(name='streaming_diloco', sync_every=8, num_fragments=1,
+                       overlap_steps=2),
+                  dict(profile='slow_links', slow_workers=1, slow_factor=50.0,
+                       bandwidth=1e5)),
+    'gasloc_matching': (dict(name='gasloc', sync_every=2, topology='matching'),
+                        dict(profile='custom', bandwidth_matrix=MATRIX, latency=0.01)),
+    'sparseloco': (dict(name='sparseloco', sync_every=2),
+                   dict(profile='stragglers', bandwidth=1e5)),
+    'diloco_dropout': (dict(name='diloco', sync_every=5),
+                       dict(profile='homogeneous', bandwidth=1e5, dropout=0.4,
+                            churn=[[1, 3, 12]], straggler_fraction=0.25,
+                            straggler_factor=2.0)),
+}
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory, small_corpus_glob, data_dir):
+  """{name: workdir} of the RUNS, trained once (nano, 4 workers, 20 steps)."""
+  root = tmp_path_factory.mktemp('runs')
+  out = {}
+  for name, (algorithm, net) in RUNS.items():
+    c = make_nano_config(small_corpus_glob, data_dir)
+    c.num_workers = M
+    for key, value in algorithm.items():
+      c.algorithm[key] = value
+    c.network.step_seconds = 0.5
+    for key, value in net.items():
+      c.network[key] = value
+    out[name] = str(root / name)
+    train.run(c, out[name])
+  return out
+
+
+def _own(workdir):
+  with open(os.path.join(workdir, 'config.json')) as f:
+    net = json.load(f)['config']['network']
+  return {f'network.{k}': v for k, v in net.items() if v is not None}
+
+
+@pytest.mark.parametrize('name', list(RUNS))
+def test_retiming_on_its_own_network_reproduces_the_run_exactly(runs, name):
+  out = retime.retime(runs[name], _own(runs[name]), 'own')
+  assert out == os.path.join(runs[name], 'retimed', 'own')
+  rows, again = read_metrics(runs[name]), read_metrics(out)
+  assert [r['step'] for r in rows] == [5, 10, 15, 20]
+  assert rows[-1]['sim_seconds'] > 20 * 0.5           # communication took time
+  for a, b in zip(rows, again):
+    assert a == b                                     # every key, == on the floats
+  # loco.report reads it like a run.
+  row = report.summarize([out])[0]
+  assert row['status'] == 'finished' and row['sim_seconds'] == rows[-1]['sim_seconds']
+
+
+def test_another_network_changes_the_time_as_computed_by_hand(runs):
+  """DiLoCo, H=5, 4 workers, on 1 s steps and links of B bytes/s, L s: every 5th step a
+  ring all-reduce of the 4P-byte pseudo-gradient: 2(M-1) = 6 phases of a 4P/M chunk."""
+  workdir = runs['diloco']
+  with open(os.path.join(workdir, 'config.json')) as f:
+    params = json.load(f)['model']['param_count']
+  bandwidth, latency = 1e5, 0.05
+  out = retime.retime(workdir, {'network.profile': 'homogeneous', 'network.step_seconds': '1',
+                                'network.bandwidth': str(bandwidth),
+                                'network.latency': str(latency)}, 'slow')
+  sync = 6 * (latency + 4 * params / M / bandwidth)
+  for row, new in zip(read_metrics(workdir), read_metrics(out)):
+    step = row['step']
+    assert new['sim_seconds'] == pytest.approx(step + step // 5 * sync, rel=1e-12)
+    assert new['utilization'] == pytest.approx(step / new['sim_seconds'], rel=1e-12)
+    assert new['idle_seconds'] == [pytest.approx(step // 5 * sync, abs=1e-6)] * M
+    assert new['sim_seconds'] != row['sim_seconds']
+    assert {k: v for k, v in new.items() if k not in CLOCKED} == {
+        k: v for k, v in row.items() if k not in CLOCKED}
+  with open(os.path.join(out, 'config.json')) as f:
+    stored = json.load(f)
+  assert stored['config']['network']['profile'] == 'homogeneous'
+  assert stored['config']['network']['inter_bandwidth'] is None
+  assert stored['retimed_from']['network']['profile'] == 'multi_region'
+  assert stored['retimed_from']['step'] == 20
+  assert stored['model']['param_count'] == params
+  assert retime.is_current(workdir, {'network.profile': 'homogeneous',
+                                     'network.step_seconds': '1',
+                                     'network.bandwidth': str(bandwidth),
+                                     'network.latency': str(latency)}, 'slow')
+  assert not retime.is_current(workdir, {'network.profile': 'homogeneous'}, 'slow')
+
+
+def test_the_command_line(runs):
+  workdir = runs['ddp']
+  proc = subprocess.run(
+      [sys.executable, '-m', 'loco.retime', workdir, '--network.profile=custom',
+       f'--network.bandwidth_matrix={json.dumps(MATRIX)}', '--network.step_seconds=2',
+       '--name=matrix'], cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  out = os.path.join(workdir, 'retimed', 'matrix')
+  assert proc.stdout.strip().endswith(f': {out}')
+  last = read_metrics(out)[-1]
+  assert last['sim_seconds'] > 20 * 2.0
+  before = read_metrics(workdir)[-1]['sim_seconds']
+  assert proc.stdout.startswith(
+      f'step 20: simulated {before:,.1f} s -> {last["sim_seconds"]:,.1f} s')
+
+
+def _copy(workdir, to):
+  shutil.copytree(workdir, to, ignore=shutil.ignore_patterns('retimed'))
+  return str(to)
+
+
+def _error(capsys, *args):
+  code = retime.main(list(args))
+  err = capsys.readouterr().err
+  assert code != 0 and len(err.splitlines()) == 1 and err.startswith('loco.retime: error: ')
+  return err.strip().removeprefix('loco.retime: error: ')
+
+
+def test_an_asynchronous_run_is_refused(runs, tmp_path, capsys):
+  workdir = _copy(runs['diloco'], tmp_path / 'async')
+  path = os.path.join(workdir, 'config.json')
+  stored = json.load(open(path))
+  stored['config']['network']['mode'] = 'async'
+  json.dump(stored, open(path, 'w'))
+  assert _error(capsys, workdir, '--network.profile=homogeneous') == (
+      f"the run in {workdir} was simulated asynchronously (network.mode='async'): its "
+      'schedule depended on its network; train it again.')
+  assert not os.path.exists(os.path.join(workdir, 'retimed'))
+
+
+def test_bad_input_is_one_line(runs, tmp_path, capsys):
+  workdir = _copy(runs['diloco_dropout'], tmp_path / 'run')
+  assert _error(capsys, str(tmp_path / 'nope'), '--network.profile=homogeneous') == (
+      f'no such workdir: {tmp_path / "nope"}')
+  (tmp_path / 'empty').mkdir()
+  assert _error(capsys, str(tmp_path / 'empty'), '--network.profile=homogeneous') == (
+      f'{tmp_path / "empty"} is not a loco run (no readable config.json).')
+  copy = _copy(workdir, tmp_path / 'nolog')
+  os.remove(os.path.join(copy, 'comms.jsonl'))
+  assert _error(capsys, copy, '--network.profile=homogeneous') == (
+      f'{copy} has no comms.jsonl (runs trained before the communication log cannot be '
+      're-timed).')
+  assert _error(capsys, workdir, '--network.profile=moon').startswith(
+      'network.profile must be one of homogeneous, multi_region')
+  assert _error(capsys, workdir, '--network.profile=homogeneous', '--network.sigmaa=1') == (
+      'unknown config key network.sigmaa (did you mean network.sigma?)')
+  assert _error(capsys, workdir, '--network.profile=homogeneous', '--network.sigma=1') == (
+      "network.sigma is not read by network.profile='homogeneous' (it reads: no extra keys).")
+  assert _error(capsys, workdir, '--network.profile=homogeneous',
+                '--network.bandwidth=fast') == "network.bandwidth must be a number, got 'fast'."
+  assert _error(capsys, workdir, '--network.profile=homogeneous',
+                '--network.bandwidth=-1') == 'network.bandwidth must be positive, got -1.0.'
+  assert _error(capsys, workdir, '--network.profile=custom',
+                '--network.bandwidth_matrix=[[0,1],[1,0]]') == (
+      'the bandwidth matrix must be 4 x 4 (num_workers), got shape (2, 2).')
+  assert _error(capsys, workdir, '--network.profile=homogeneous', '--network.mode=async') == (
+      'network.mode, local_work and peer_choice belong to the asynchronous mode, which '
+      'cannot be re-timed.')
+  assert _error(capsys, workdir, '--network.profile=homogeneous',
+                '--network.dropout=0.1').startswith(
+      "network.dropout=0.1 differs from the run's 0.4: it decided which work")
+  assert _error(capsys, workdir, '--network.bandwidth=1').startswith(
+      '--network.profile=PROFILE is required')
+  assert _error(capsys, workdir, '--network.profile=homogeneous', '--name=a/b') == (
+      "the re-timing name 'a/b' must be letters, digits and _.,=+-.")
+  assert _error(capsys, workdir, workdir, '--network.profile=homogeneous').startswith(
+      'takes one WORKDIR')
+  assert _error(capsys, workdir, '--profile=homogeneous').startswith('takes one WORKDIR')
+  with pytest.raises(LocoError, match='optimizer.lr is not a network key'):
+    retime.retime(workdir, {'network.profile': 'homogeneous', 'optimizer.lr': 1.0})
+  assert not os.path.exists(os.path.join(workdir, 'retimed'))
+  # The run's own dropout and churn are kept when not given (the log has their schedule).
+  out = retime.retime(workdir, {'network.profile': 'multi_region'})
+  net = json.load(open(os.path.join(out, 'config.json')))['config']['network']
+  assert (net['dropout'], net['churn']) == (0.4, [[1, 3, 12]])
+  assert out.endswith(os.path.join('retimed', 'multi_region'))
