@@ -193,38 +193,6 @@ def test_the_retime_spec_has_eight_networks_that_build_for_its_runs():
   assert sweep.load_retimes(os.path.join(REPO, 'launch/sweeps/main.py')) == {}
 
 
-_EQUAL_TO_COMPARE = """
-import json, os, sys
-sys.path.insert(0, 'scripts')
-import compare
-from loco import sweep
-bad = []
-for suite, rows in compare.SUITES.items():
-  runs = sweep.load_spec(f'launch/sweeps/{suite}.py')
-  if len(runs) != len(rows):
-    bad.append(f'{suite}: {len(runs)} runs, compare.py has {len(rows)}')
-    continue
-  for (label, name, overrides), run in zip(rows, runs):
-    want = compare._load(name, overrides, 300).to_dict()
-    got = sweep.load_config(sweep.command(run, 'w')[3:]).to_dict()
-    if want != got:
-      bad.append(f'{suite}/{run.name} differs from {label!r}')
-print(json.dumps(bad))
-"""
-
-
-def test_sweep_specs_reproduce_the_compare_suites():
-  """The specs build exactly the configs of scripts/compare.py's suites."""
-  path = os.path.join(REPO, 'scripts', 'compare.py')
-  if not os.path.exists(path) or 'SUITES' not in open(path).read():
-    pytest.skip('scripts/compare.py and its SUITES are gone')
-  out = subprocess.run([sys.executable, '-c', _EQUAL_TO_COMPARE], cwd=REPO, env=ENV,
-                       capture_output=True, text=True, timeout=300)
-  assert out.returncode == 0, out.stderr[-2000:]
-  assert json.loads(out.stdout.strip().splitlines()[-1]) == [], (
-      'launch/sweeps/*.py no longer match scripts/compare.py: update the specs')
-
-
 # Running sweeps.
 
 def _wait_for(predicate, proc, timeout=180):
