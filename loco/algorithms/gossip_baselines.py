@@ -21,6 +21,7 @@ from loco import comm
 from loco import optim
 from loco import topology as topology_lib
 from loco.engine import Algorithm, AsyncReplay, local_updates
+from loco.comm import axis as comm_axis
 
 PyTree = Any
 
@@ -129,7 +130,7 @@ def a2cid2_exchange(topology: str = 'ring', *, weights: str = 'metropolis',
 
   def update(updates, state, params=None, *, context=None, **extra):
     del extra
-    family = resolve(jax.lax.axis_size(axis_name))
+    family = resolve(comm_axis.axis_size(axis_name))
     if family.num_workers > 1:
       chi1, chi2 = family.chi1, family.chi2
       eta, alpha = 0.5 / math.sqrt(chi1 * chi2), 0.5 * math.sqrt(chi1 / chi2)

@@ -18,8 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from loco.comm import axis as comm_axis
+from loco.comm.axis import WORKERS
+
 PyTree = Any
-WORKERS = 'workers'
 
 TRANSPORT_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16,
                     'float16': jnp.float16}
@@ -61,7 +63,7 @@ class CommState(NamedTuple):
 
 def empty_comm_state(num_workers: int | None = None, axis_name: str = WORKERS) -> CommState:
   """No communication; M is the worker axis's size (inside the per-worker map)."""
-  m = num_workers if num_workers is not None else jax.lax.axis_size(axis_name)
+  m = num_workers if num_workers is not None else comm_axis.axis_size(axis_name)
   return CommState(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32),
                    jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
                    jnp.zeros((), jnp.float32), jnp.zeros((m,), bool))
@@ -114,15 +116,15 @@ def alive_of(context: WorkerContext | None) -> jax.Array:
 def static_num_workers(axis_name: str = WORKERS) -> int | None:
   """The static number of workers M inside the per-worker map; None outside it."""
   try:
-    return jax.lax.axis_size(axis_name)
+    return comm_axis.axis_size(axis_name)
   except NameError:
     return None
 
 
 def alive_peers(alive: jax.Array, axis_name: str = WORKERS) -> jax.Array:
   """[M] bool: the alive workers other than this one."""
-  everyone = jax.lax.all_gather(alive, axis_name)
-  return everyone & (jnp.arange(everyone.shape[0]) != jax.lax.axis_index(axis_name))
+  everyone = comm_axis.all_gather(alive, axis_name)
+  return everyone & (jnp.arange(everyone.shape[0]) != comm_axis.axis_index(axis_name))
 
 
 def ring_all_reduce_state(alive: jax.Array, size, axis_name: str = WORKERS, *,
@@ -138,7 +140,7 @@ def ring_all_reduce_state(alive: jax.Array, size, axis_name: str = WORKERS, *,
     Patarasuk & Yuan 2009 (ring all-reduce bandwidth).
   """
   size = jnp.asarray(size, jnp.float32)
-  participants = jax.lax.psum(alive.astype(jnp.float32), axis_name)
+  participants = comm_axis.psum(alive.astype(jnp.float32), axis_name)
   ring = 2.0 * (participants - 1.0) / jnp.maximum(participants, 1.0) * size
   download = ~alive & (participants > 0) if absent_receive else jnp.zeros((), bool)
   events = (alive & (participants > 1)) | download
@@ -164,8 +166,8 @@ def transport_dtype(name: str):
 
 def worker_mean(tree: PyTree, weight: jax.Array, axis_name: str = WORKERS) -> PyTree:
   """Weighted mean over workers of `tree` (weight: this worker's scalar weight)."""
-  total = jax.lax.psum(weight.astype(jnp.float32), axis_name)
-  summed = jax.lax.psum(optax.tree.scale(weight, optax.tree.cast(tree, jnp.float32)),
+  total = comm_axis.psum(weight.astype(jnp.float32), axis_name)
+  summed = comm_axis.psum(optax.tree.scale(weight, optax.tree.cast(tree, jnp.float32)),
                         axis_name)
   return jax.tree.map(lambda s: s / jnp.maximum(total, 1.0), summed)
 

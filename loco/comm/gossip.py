@@ -51,6 +51,7 @@ from loco.comm.core import (GOSSIP, NO_COMM, WORKERS, CommState, WorkerContext, 
                             empty_comm_state, ring_all_reduce_state, static_num_workers,
                             transport_dtype, tree_bytes, worker_mean)
 from loco.errors import ConfigError
+from loco.comm import axis as comm_axis
 
 PyTree = Any
 
@@ -106,7 +107,7 @@ def _sparse_residual(x32, sent_x, plan, i, alive_all, size, axis_name):
     ok_in = (src_i != i) & alive_all[i] & alive_all[src_i]
     ok_out = (dst_i != i) & alive_all[i] & alive_all[dst_i]
     w = jnp.where(ok_in, jnp.asarray(plan.recv_weight[k], jnp.float32)[i], 0.0)
-    recv = jax.lax.ppermute(sent_x, axis_name, perm)
+    recv = comm_axis.ppermute(sent_x, axis_name, perm)
     residual = jax.tree.map(lambda r, x, y, w=w: r + w * (x - y.astype(jnp.float32)),
                             residual, x32, recv)
     received = received + ok_in * jnp.float32(size)
@@ -122,7 +123,7 @@ def _dense_residual(x32, sent_x, w, i, alive_all, size, axis_name):
   ok = (jnp.arange(m) != i) & alive_all & alive_all[i]
   w_in = jnp.where(ok, w[i], 0.0).astype(jnp.float32)
   w_out = jnp.where(ok, w[:, i], 0.0).astype(jnp.float32)
-  gathered = jax.lax.all_gather(sent_x, axis_name)
+  gathered = comm_axis.all_gather(sent_x, axis_name)
   # W is shared by all workers, so this is one branch for all (a real cond under vmap).
   pairwise = jnp.all(jnp.sum((w != 0) & ~jnp.eye(m, dtype=bool), axis=1) <= 1)
 
@@ -191,8 +192,8 @@ def mixing_step(x: PyTree, topo: topology_lib.Topology, *, step: float = 1.0,
                              optax.tree.zeros_like(x32))
     return Mixed(new, moved), ring_all_reduce_state(alive, size, axis_name,
                                                     absent_receive=False)
-  i = jax.lax.axis_index(axis_name)
-  alive_all = jax.lax.all_gather(alive, axis_name)
+  i = comm_axis.axis_index(axis_name)
+  alive_all = comm_axis.all_gather(alive, axis_name)
   choice = topo.sample_choice_jax(key) if topo.is_random else 0
   if path == 'dense':
     w = (context.mixing if context is not None and context.mixing is not None
@@ -239,20 +240,20 @@ def _models_by_all_reduce(delta, theta, state, mix_deltas, alive, step, axis_nam
     (the mixed updates, the CommState, whether the anchors are known equal now).
   """
   mixed, comm = mix_deltas(delta)
-  known = jax.lax.psum((~state.anchors_equal).astype(jnp.int32), axis_name) == 0
+  known = comm_axis.psum((~state.anchors_equal).astype(jnp.int32), axis_name) == 0
 
   def check(new):
     theta32 = _f32(theta)
-    centred = optax.tree.sub(theta32, jax.lax.pmax(theta32, axis_name))
+    centred = optax.tree.sub(theta32, comm_axis.pmax(theta32, axis_name))
     mean_centred = worker_mean(centred, alive.astype(jnp.float32), axis_name)
     anchor_term = optax.tree.scale(step, optax.tree.sub(centred, mean_centred))
     differ = sum(jnp.any(c != 0) for c in jax.tree.leaves(centred))
     new = optax.tree.add(new, optax.tree.where(alive, anchor_term,
                                                optax.tree.zeros_like(anchor_term)))
-    return new, (state.count == 0) & (jax.lax.psum(differ, axis_name) == 0)
+    return new, (state.count == 0) & (comm_axis.psum(differ, axis_name) == 0)
 
   out, equal = jax.lax.cond(known, lambda new: (new, jnp.ones((), bool)), check, mixed.new)
-  everyone = jax.lax.psum(alive.astype(jnp.int32), axis_name) == _axis_size(axis_name)
+  everyone = comm_axis.psum(alive.astype(jnp.int32), axis_name) == _axis_size(axis_name)
   return out, comm, equal & everyone
 
 

@@ -26,6 +26,7 @@ from loco.comm.core import (ALL_GATHER, NO_COMM, WORKERS, CommState, WorkerConte
                             alive_of, alive_peers, empty_comm_state, ring_all_reduce_state,
                             worker_mean)
 from loco.errors import ConfigError
+from loco.comm import axis as comm_axis
 
 PyTree = Any
 
@@ -103,16 +104,16 @@ def sparse_all_gather_mean(
     alive = alive_of(context)
     weight = alive.astype(jnp.float32)
     message, inner = compressor.encode(updates, state.compressor, context=context)
-    summed = jax.lax.psum(_weighted(message.decoded, weight), axis_name)
-    alive_count = jax.lax.psum(weight, axis_name)
+    summed = comm_axis.psum(_weighted(message.decoded, weight), axis_name)
+    alive_count = comm_axis.psum(weight, axis_name)
     if divide == 'workers' or message.mask is None:
       count = jax.tree.map(lambda _: alive_count, summed)
     else:
-      count = jax.lax.psum(_weighted(message.mask, weight), axis_name)
+      count = comm_axis.psum(_weighted(message.mask, weight), axis_name)
     mean = jax.tree.map(lambda s, c, u: (s / jnp.maximum(c, 1.0)).astype(u.dtype),
                         summed, count, updates)
     sent = jnp.asarray(message.bits, jnp.float32) / 8.0 * weight
-    received = jax.lax.psum(sent, axis_name) - sent
+    received = comm_axis.psum(sent, axis_name) - sent
     events = jnp.where(alive, alive_count > 1, alive_count > 0)
     wire = CommState(sent, received, events.astype(jnp.int32),
                      jnp.where(events, ALL_GATHER, NO_COMM).astype(jnp.int32), sent,

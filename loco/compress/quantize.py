@@ -30,7 +30,8 @@ def quantizer(encode_leaf: Callable, axis_name: str | None = None) -> Compressor
     leaves, treedef = jax.tree.flatten(updates)
     key = None if context is None else context.key
     if key is not None and axis_name is not None:
-      key = jax.random.fold_in(key, jax.lax.axis_index(axis_name))
+      from loco.comm import axis as comm_axis   # here: loco.comm imports compress
+      key = jax.random.fold_in(key, comm_axis.axis_index(axis_name))
     decoded, value_bits, meta_bits = [], 0, 0
     for i, x in enumerate(leaves):
       leaf_key = None if key is None else jax.random.fold_in(key, i)
