@@ -135,16 +135,27 @@ def make_train_chunk(algorithm: Algorithm, model_cfg, graphdef, mesh=None,
   """A jitted function scanning steps of (per-worker value_and_grad -> algorithm.step).
 
   Every chunk has the same length K (the last one is padded, its extra steps masked
-  out by `valid`), so the chunk compiles once per run.
+  out by `valid`), so the chunk compiles once per run. A tick's train loss is the mean
+  over the workers that step in it (`StepContext.active`).
   """
   loss_and_grad = jax.value_and_grad(
       functools.partial(model_lib.loss_fn, model_cfg, graphdef), has_aux=True)
   per_worker = workers.map_workers(loss_and_grad, grad_mode, mesh)
 
   def one_step(state, batch_MxBxL, ctx):
-    (_, aux), grads = per_worker(state.params, batch_MxBxL)
+    if ctx is None or ctx.active is None:
+      (_, aux), grads = per_worker(state.params, batch_MxBxL)
+      ce_M = aux['ce']
+    else:
+      # Workers that sit the tick out take no gradient (skipped under grad_mode 'map')
+      # and report the mean loss of those that step; worker 0 measures a tick where
+      # nobody steps.
+      measured = ctx.active.at[0].set(ctx.active[0] | ~jnp.any(ctx.active))
+      (_, aux), grads = per_worker(state.params, batch_MxBxL, active=measured)
+      mean = jnp.sum(jnp.where(measured, aux['ce'], 0.0)) / jnp.sum(measured)
+      ce_M = jnp.where(measured, aux['ce'], mean)
     state, info = algorithm.step(state, grads, ctx)
-    return state, (aux['ce'], info)
+    return state, (ce_M, info)
 
   def train_chunk(state: LocoState, batches_KxMxBxL: jax.Array, contexts, valid_K):
     """Scans the K steps; `contexts` is None or a StepContext of [K, ...] arrays."""

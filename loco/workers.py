@@ -41,14 +41,27 @@ def map_workers(fn: Callable, mode: str = 'auto', mesh: Mesh | None = None) -> C
   (`lax.map`), which keeps each worker's activations cache-sized and is faster on a
   CPU; 'auto' picks 'map' on a CPU without a mesh and 'vmap' otherwise (a mesh needs
   vmap's `spmd_axis_name` to shard the workers).
+
+  The mapped function takes an optional `active=` [M] bool mask. Under 'map' a worker
+  whose flag is False skips `fn` (a `lax.cond`; its outputs are zeros). Under 'vmap'
+  every worker computes: a batched computation cannot skip one of its members.
   """
   if mode not in GRAD_MODES:
     raise ConfigError(f'grad_mode must be one of {GRAD_MODES}, got {mode!r}.')
   if mode == 'auto':
     mode = 'map' if mesh is None and jax.default_backend() == 'cpu' else 'vmap'
   if mode == 'vmap':
-    return vmap(fn, mesh=mesh)
-  return lambda *args: jax.lax.map(lambda a: fn(*a), args)
+    mapped = vmap(fn, mesh=mesh)
+    return lambda *args, active=None: mapped(*args)
+
+  def skip(*args):
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, *args))
+
+  def one(xs):
+    args, active = xs
+    return fn(*args) if active is None else jax.lax.cond(active, fn, skip, *args)
+
+  return lambda *args, active=None: jax.lax.map(one, (args, active))
 
 
 def num_workers_of(tree: PyTree) -> int:

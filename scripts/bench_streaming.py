@@ -54,10 +54,11 @@ def main(argv):
   rng = np.random.default_rng(0)
   batches = rng.integers(0, 257, (_H.value, _WORKERS.value, _BATCH.value, _SEQ.value + 1),
                          dtype=np.int32)
+  valid = np.ones(_H.value, bool)
   runs = {}
   for label, (name, kwargs) in VARIANTS.items():
     chunk, state = build(name, kwargs)
-    state, out = chunk(state, batches)            # compile + warm up
+    state, out = chunk(state, batches, None, valid)   # compile + warm up
     jax.block_until_ready(out)
     syncs = int(np.asarray(out[1].synced).sum())
     runs[label] = [chunk, state, float('inf'), syncs]
@@ -65,7 +66,7 @@ def main(argv):
     for run in runs.values():
       chunk, state = run[0], run[1]
       t0 = time.perf_counter()
-      state, out = chunk(state, batches)
+      state, out = chunk(state, batches, None, valid)
       jax.block_until_ready((state, out))
       run[1], run[2] = state, min(run[2], time.perf_counter() - t0)
   base = runs['diloco'][2]

@@ -8,7 +8,10 @@ import pytest
 
 from loco import algorithms
 from loco import comm
+from loco import model as model_lib
 from loco import optim
+from loco import train
+from loco import workers
 from loco.engine import StepContext, local_updates
 from loco.errors import ConfigError
 
@@ -59,6 +62,8 @@ def test_conformance(name):
       assert bool(jnp.all(jnp.isfinite(leaf.astype(jnp.float32))))
   for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(params)):
     assert got.dtype == want.dtype and got.shape == (M,) + want.shape
+  for leaf in jax.tree.leaves(state.anchor):     # one policy: the anchor is float32
+    assert leaf.dtype == jnp.float32
   assert _distance(state.params, target) < 0.05 * start
 
 
@@ -265,9 +270,86 @@ def test_inactive_workers_do_not_step():
   np.testing.assert_array_equal(info.bytes_sent, [8.0, 0.0])   # the idle worker sends nothing
 
 
+def _counting(calls):
+  """An identity transform that counts the updates it takes (per worker, at run time)."""
+  def update(updates, state, params=None):
+    jax.debug.callback(lambda: calls.append(1))
+    return updates, state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def test_a_per_worker_sync_mask_syncs_only_those_workers_and_only_then():
+  """The asynchronous replay's [M] sync mask: the masked-out workers keep their state
+  and send nothing, the others match a full sync under the same mixing matrix, and a
+  tick with no exchange does not run the outer step at all."""
+  calls = []
+  params = {'w': jnp.arange(3.0)}
+  mixer = comm.gossip('matching', 'models', pairwise=True)
+  alg = local_updates(optax.sgd(0.1), optax.chain(_counting(calls), mixer,
+                                                  optax.sgd(0.7, momentum=0.5)), 50)
+  state = alg.init(params, M, jax.random.PRNGKey(0))
+  grads = {'w': jnp.arange(M * 3.0).reshape(M, 3)}
+  pairs = np.eye(M, dtype=np.float32)
+  pairs[:2, :2] = 0.5                        # workers 0 and 1 exchange, 2 and 3 do not
+  step = jax.jit(alg.step)
+  quiet, info = step(state, grads, StepContext(sync=np.zeros(M, bool), mixing=pairs))
+  jax.effects_barrier()
+  assert not calls and not bool(info.synced)
+  mask = np.array([True, True, False, False])
+  got, info = step(state, grads, StepContext(sync=mask, mixing=pairs))
+  full, _ = step(state, grads, StepContext(sync=np.ones(M, bool), mixing=pairs))
+  jax.effects_barrier()
+  assert calls and bool(info.synced)
+  np.testing.assert_array_equal(info.bytes_sent > 0, mask)
+  for field in ('params', 'anchor', 'outer_state'):
+    for g, f, q in zip(*(jax.tree.leaves(getattr(s, field)) for s in (got, full, quiet))):
+      np.testing.assert_array_equal(g[:2], f[:2])
+      np.testing.assert_array_equal(g[2:], q[2:])
+
+
+@pytest.mark.parametrize('mode', ['map', 'vmap'])
+def test_map_workers_skips_inactive_workers_under_map(mode):
+  calls = []
+  def fn(x):
+    jax.debug.callback(lambda: calls.append(1))
+    return 2.0 * x
+  mapped = jax.jit(workers.map_workers(fn, mode))
+  x = jnp.arange(1.0, 4.0)
+  out = mapped(x, active=jnp.array([True, False, True]))
+  jax.effects_barrier()
+  if mode == 'map':            # the inactive worker's fn did not run: zeros
+    assert len(calls) == 2
+    np.testing.assert_array_equal(out, [2.0, 0.0, 6.0])
+  else:                        # a batched computation cannot skip a member
+    np.testing.assert_array_equal(out, [2.0, 4.0, 6.0])
+
+
+def test_train_chunk_skips_inactive_workers_and_reports_the_steppers_loss():
+  cfg = model_lib.model_config('nano', vocab_size=64, max_seq_len=16)
+  graphdef, params = model_lib.init_params(cfg, jax.random.PRNGKey(0))
+  alg = algorithms.make('diloco', optax.adamw(1e-2), sync_every=5)
+  chunk = train.make_train_chunk(alg, cfg, graphdef, grad_mode='map')
+  state = alg.init(params, 3, jax.random.PRNGKey(1))
+  before = jax.tree.map(np.asarray, state.params)
+  batches = np.random.default_rng(0).integers(0, 64, (2, 3, 2, 17), dtype=np.int32)
+  active = np.array([[True, False, True], [False, False, False]])
+  state, (losses, _) = chunk(state, jnp.asarray(batches), StepContext(active=active),
+                             np.ones(2, bool))
+  losses = np.asarray(losses)
+  assert np.all(np.isfinite(losses)) and np.all(losses > 0)
+  np.testing.assert_allclose(losses[0, 1], losses[0, [0, 2]].mean(), rtol=1e-6)
+  np.testing.assert_array_equal(losses[1], losses[1, 0])   # nobody steps: worker 0 measures
+  for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(before)):
+    np.testing.assert_array_equal(a[1], b[1])               # worker 1 never stepped
+
+
 def test_bad_input():
   with pytest.raises(ConfigError, match='sync_every'):
     local_updates(optax.sgd(1.0), optax.sgd(1.0), 0)
+  with pytest.raises(ConfigError, match='eager updates need'):
+    local_updates(optax.sgd(1.0), optax.sgd(1.0), 2, eager=True)
+  with pytest.raises(ConfigError, match='merge_alpha'):
+    local_updates(optax.sgd(1.0), optax.sgd(1.0), 2, merge_alpha=2.0)
   with pytest.raises(ConfigError, match='algorithm.name'):
     algorithms.make('dilocco', optax.sgd(1.0))
   with pytest.raises(ConfigError, match='outer_optimizer'):

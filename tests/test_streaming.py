@@ -9,8 +9,8 @@ import pytest
 from loco import algorithms
 from loco import model as model_lib
 from loco import optim
-from loco import streaming
 from loco import train
+from loco.algorithms import streaming
 from loco.engine import StepContext
 from loco.errors import ConfigError
 
