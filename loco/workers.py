@@ -1,9 +1,12 @@
 """The worker axis: stacking, per-worker mapping, and placement on a device mesh.
 
 Every per-worker pytree has a leading axis of size M named "workers" (DESIGN §1). On
-one device per-worker code is `jax.vmap` over it; on a mesh with a "workers" axis the
-same vmap carries `spmd_axis_name`, so XLA shards the worker axis over devices and
-turns the named-axis collectives of `loco.comm` into real ones.
+one device per-worker code is `jax.vmap(..., axis_name="workers")`. On a mesh with a
+"workers" axis of D devices the same per-worker code runs under `jax.shard_map` over
+that axis, each device holding a block of M / D workers with a `jax.vmap` named
+`comm.axis.BLOCK` inside the block (drjax's placement, made explicit): the collectives
+of `loco.comm.axis` span both levels, so nothing is left to the partitioner to guess.
+Other mesh axes (`fsdp`) stay automatic inside the map and shard each worker's state.
 """
 
 from typing import Any, Callable
@@ -13,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from loco.comm import WORKERS
+from loco.comm.axis import BLOCK, WORKERS
 from loco.errors import ConfigError
 
 PyTree = Any
@@ -25,10 +28,28 @@ def replicate(tree: PyTree, num_workers: int) -> PyTree:
       lambda x: jnp.broadcast_to(x, (num_workers,) + jnp.shape(x)), tree)
 
 
-def vmap(fn: Callable, in_axes=0, out_axes=0, mesh: Mesh | None = None) -> Callable:
-  """Maps `fn` over the worker axis, with the "workers" collective axis name."""
-  return jax.vmap(fn, in_axes=in_axes, out_axes=out_axes, axis_name=WORKERS,
-                  spmd_axis_name=WORKERS if mesh is not None else None)
+def vmap(fn: Callable, in_axes=0, mesh: Mesh | None = None) -> Callable:
+  """Maps `fn` over the worker axis: a vmap on one device, shard_map + vmap on a mesh.
+
+  Args:
+    fn: one worker's function; it may use `loco.comm` collectives.
+    in_axes: 0 (per-worker) or None (shared) for each argument, or one for all.
+    mesh: a mesh with a "workers" axis, or None. Every output is per-worker.
+  """
+  if mesh is None:
+    return jax.vmap(fn, in_axes=in_axes, axis_name=WORKERS)
+  return _on_mesh(jax.vmap(fn, in_axes=in_axes, axis_name=BLOCK), in_axes, mesh)
+
+
+def _on_mesh(block_fn: Callable, in_axes, mesh: Mesh) -> Callable:
+  """`block_fn` (one device's block of workers) under shard_map over "workers"."""
+  def mapped(*args):
+    axes = in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(args)
+    specs = tuple(PartitionSpec(WORKERS) if a == 0 else PartitionSpec() for a in axes)
+    return jax.shard_map(block_fn, mesh=mesh, in_specs=specs,
+                         out_specs=PartitionSpec(WORKERS), axis_names={WORKERS},
+                         check_vma=False)(*args)
+  return mapped
 
 
 GRAD_MODES = ('auto', 'vmap', 'map')
@@ -39,8 +60,8 @@ def map_workers(fn: Callable, mode: str = 'auto', mesh: Mesh | None = None) -> C
 
   'vmap' batches the workers into one computation; 'map' runs them one after another
   (`lax.map`), which keeps each worker's activations cache-sized and is faster on a
-  CPU; 'auto' picks 'map' on a CPU without a mesh and 'vmap' otherwise (a mesh needs
-  vmap's `spmd_axis_name` to shard the workers).
+  CPU; 'auto' picks 'map' on a CPU and 'vmap' on accelerators. On a mesh each device
+  maps its own block of workers that way, under shard_map.
 
   The mapped function takes an optional `active=` [M] bool mask. Under 'map' a worker
   whose flag is False skips `fn` (a `lax.cond`; its outputs are zeros). Under 'vmap'
@@ -49,19 +70,23 @@ def map_workers(fn: Callable, mode: str = 'auto', mesh: Mesh | None = None) -> C
   if mode not in GRAD_MODES:
     raise ConfigError(f'grad_mode must be one of {GRAD_MODES}, got {mode!r}.')
   if mode == 'auto':
-    mode = 'map' if mesh is None and jax.default_backend() == 'cpu' else 'vmap'
+    mode = 'map' if jax.default_backend() == 'cpu' else 'vmap'
   if mode == 'vmap':
-    mapped = vmap(fn, mesh=mesh)
-    return lambda *args, active=None: mapped(*args)
+    mapped = jax.vmap(fn)
+    block = lambda args, active: mapped(*args)
+  else:
+    def skip(*args):
+      return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, *args))
 
-  def skip(*args):
-    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, *args))
+    def one(xs):
+      args, active = xs
+      return fn(*args) if active is None else jax.lax.cond(active, fn, skip, *args)
 
-  def one(xs):
-    args, active = xs
-    return fn(*args) if active is None else jax.lax.cond(active, fn, skip, *args)
-
-  return lambda *args, active=None: jax.lax.map(one, (args, active))
+    block = lambda args, active: jax.lax.map(one, (args, active))
+  if mesh is None:
+    return lambda *args, active=None: block(args, active)
+  on_mesh = _on_mesh(lambda args, active: block(args, active), 0, mesh)
+  return lambda *args, active=None: on_mesh(args, active)
 
 
 def num_workers_of(tree: PyTree) -> int:

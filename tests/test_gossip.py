@@ -569,11 +569,10 @@ def test_dense_sparse_and_shard_map_agree_on_8_devices(name, impl):
   assert floats == {_DATA_COLLECTIVE[impl]}, floats
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    'workers.vmap with spmd_axis_name (the mesh path of the engine and of train.run) '
-    'lowers the sparse ring ppermutes to an all-gather of every worker\'s tree: each '
-    'device receives all M workers\' values, not its 2 neighbours\''))
 def test_mesh_vmap_gossip_moves_the_ring_by_collective_permute():
+  """workers.vmap on a mesh (the engine's and train.run's path) is shard_map + vmap:
+  the ring moves by collective-permutes only (with vmap's spmd_axis_name it used to
+  all-gather every worker's tree to every device)."""
   mesh = _mesh8()
   args = _mesh_inputs(mesh)
   _, _, mesh_vmapped = _gossip_placements('ring', 'sparse', mesh)
