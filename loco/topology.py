@@ -139,7 +139,6 @@ class Topology:
       +4 and -4) counts twice. With R_ij = slots(i -> j) / slots(i), rates =
       (R + R^T) / 2 (each worker initiates at rate 1/2 and is contacted by its
       neighbours); on a regular graph rates = R, the code's W_ij = 1/deg(i).
-    weighting: "metropolis", "uniform" or "custom".
     is_random: whether a member is drawn per round (time-varying graph).
   """
   name: str
@@ -148,7 +147,6 @@ class Topology:
   plans: tuple[GossipPlan, ...]
   adjacency: np.ndarray
   rates: np.ndarray
-  weighting: str
   is_random: bool
 
   @property
@@ -217,8 +215,7 @@ class Topology:
       # Eigenvalues of W directly: sqrt of those of W^T W loses half the digits.
       lam = np.abs(np.linalg.eigvalsh(self.weights - centre)).max()
     else:
-      gram = np.mean([w.T @ w for w in map(self.weights_for,
-                                           range(self.num_choices))], axis=0)
+      gram = np.mean([w.T @ w for w in self.member_weights], axis=0)
       lam = math.sqrt(max(float(np.linalg.eigvalsh(gram - centre).max()), 0.0))
     return float(1.0 - lam)
 
@@ -248,15 +245,10 @@ class Topology:
 
 
 def _is_connected(adjacency: np.ndarray) -> bool:
-  m = adjacency.shape[0]
-  seen = np.zeros(m, dtype=bool)
-  seen[0] = True
-  frontier = [0]
-  while frontier:
-    i = frontier.pop()
-    new = adjacency[i] & ~seen
-    seen |= new
-    frontier.extend(np.nonzero(new)[0].tolist())
+  seen = frontier = np.arange(len(adjacency)) == 0
+  while frontier.any():
+    frontier = adjacency[frontier].any(axis=0) & ~seen
+    seen = seen | frontier
   return bool(seen.all())
 
 
@@ -276,7 +268,7 @@ def validate_mixing_matrix(weights: np.ndarray, *,
 
   Raises:
     ConfigError: naming the first property that fails: square, finite,
-      nonnegative, symmetric, rows/columns summing to 1, connected.
+      nonnegative, symmetric, rows summing to 1, connected.
   """
   w = np.asarray(weights, dtype=np.float64)
   if w.ndim != 2 or w.shape[0] != w.shape[1] or w.shape[0] == 0:
@@ -295,15 +287,11 @@ def validate_mixing_matrix(weights: np.ndarray, *,
     raise ConfigError(
         f'Mixing matrix is not symmetric (W[{i}, {j}] = {w[i, j]:.6g} but '
         f'W[{j}, {i}] = {w[j, i]:.6g}); it must equal its transpose.')
-  rows, cols = w.sum(axis=1), w.sum(axis=0)
+  rows = w.sum(axis=1)   # symmetric: the columns sum to the same
   if np.abs(rows - 1).max() > atol:
     i = int(np.argmax(np.abs(rows - 1)))
     raise ConfigError(f'Mixing matrix is not row-stochastic (row {i} sums to '
                       f'{rows[i]:.6g}); every row must sum to 1.')
-  if np.abs(cols - 1).max() > atol:
-    j = int(np.argmax(np.abs(cols - 1)))
-    raise ConfigError(f'Mixing matrix is not column-stochastic (column {j} '
-                      f'sums to {cols[j]:.6g}); every column must sum to 1.')
   if require_connected:
     adjacency = (w > atol) & ~np.eye(w.shape[0], dtype=bool)
     if not _is_connected(adjacency):
@@ -363,6 +351,8 @@ def laplacian_quantities(rates: np.ndarray,
 
 
 def _a2cid2_rates(slots: np.ndarray) -> np.ndarray:
+  if len(slots) == 1:
+    return np.zeros((1, 1))
   per_slot = slots / slots.sum(axis=1, keepdims=True)
   return (per_slot + per_slot.T) / 2
 
@@ -692,9 +682,7 @@ def make_topology(name: str, num_workers: int, *, weights: str = 'metropolis',
   return Topology(name=name, num_workers=num_workers,
                   weights=_frozen(expected), plans=tuple(plans),
                   adjacency=_frozen(slots > 0),
-                  rates=_frozen(_a2cid2_rates(slots) if num_workers > 1
-                                else np.zeros((1, 1))),
-                  weighting=weights, is_random=name in _RANDOM)
+                  rates=_frozen(_a2cid2_rates(slots)), is_random=name in _RANDOM)
 
 
 def topology_from_matrix(weights: np.ndarray, name: str = 'custom') -> Topology:
@@ -707,11 +695,9 @@ def topology_from_matrix(weights: np.ndarray, name: str = 'custom') -> Topology:
   m = w.shape[0]
   adjacency = (w > 0) & ~np.eye(m, dtype=bool)
   plan = _make_plan(w, None)
-  rates = _a2cid2_rates(adjacency.astype(np.int64)) if m > 1 else np.zeros(
-      (1, 1))
   return Topology(name=name, num_workers=m, weights=_frozen(plan.to_dense()),
                   plans=(plan,), adjacency=_frozen(adjacency),
-                  rates=_frozen(rates), weighting='custom', is_random=False)
+                  rates=_frozen(_a2cid2_rates(adjacency.astype(np.int64))), is_random=False)
 
 
 # ---------------------------------------------------------------------------
@@ -794,7 +780,7 @@ def pairwise_family(topo: Topology) -> Topology:
   rates = 2.0 * (weights - np.diag(np.diag(weights)))
   return Topology(name=f'{topo.name}/pairwise', num_workers=m, weights=_frozen(weights),
                   plans=tuple(plans), adjacency=_frozen(rates > 0), rates=_frozen(rates),
-                  weighting='pairwise', is_random=True)
+                  is_random=True)
 
 
 @functools.lru_cache(maxsize=64)
