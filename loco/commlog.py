@@ -21,6 +21,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from loco import network as network_lib
+from loco.metrics import append_jsonl, write_jsonl
 
 FILE = 'comms.jsonl'
 
@@ -60,14 +61,8 @@ class CommLog:
     self.path = os.path.join(workdir, FILE)
     self.num_workers = num_workers
     if os.path.exists(self.path) and resume_step:
-      kept = [line for line in _lines(self.path)
-              if 'workers' in line or line['step'] <= resume_step]
-      tmp = self.path + '.tmp'
-      with open(tmp, 'w') as f:
-        f.writelines(json.dumps(line) + '\n' for line in kept)
-        f.flush()
-        os.fsync(f.fileno())
-      os.replace(tmp, self.path)
+      write_jsonl(self.path, [line for line in _lines(self.path)
+                              if 'workers' in line or line['step'] <= resume_step])
       self._file = open(self.path, 'a')
     else:
       self._file = open(self.path, 'w')
@@ -75,15 +70,8 @@ class CommLog:
 
   def append(self, first_step: int, wires: Iterable[network_lib.StepWire]) -> None:
     """Logs consecutive steps first_step, first_step + 1, ... (flushed to disk)."""
-    try:
-      for k, wire in enumerate(wires):
-        row = _row(first_step + k, wire)
-        if row is not None:
-          self._file.write(json.dumps(row) + '\n')
-      self._file.flush()
-      os.fsync(self._file.fileno())
-    except OSError as e:   # name the file: a failed write() does not
-      raise OSError(e.errno, e.strerror, self.path) from e
+    rows = [_row(first_step + k, wire) for k, wire in enumerate(wires)]
+    append_jsonl(self._file, [row for row in rows if row is not None])
 
   def close(self) -> None:
     self._file.close()

@@ -5,7 +5,7 @@ import math
 import os
 import sys
 import time
-from typing import Any
+from typing import IO, Any, Iterable
 
 # Keys that measure this process rather than the run; they differ between an
 # interrupted-and-resumed run and an uninterrupted one.
@@ -40,21 +40,10 @@ class MetricsWriter:
     records, problem = read_metrics_checked(os.path.dirname(self.path))
     if problem:
       note(f'{problem} (a crash while writing it); the run goes on without it.')
-    kept = [r for r in records if r['step'] <= step]
-    tmp = self.path + '.tmp'
-    with open(tmp, 'w') as f:
-      f.writelines(json.dumps(r) + '\n' for r in kept)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, self.path)
+    write_jsonl(self.path, [r for r in records if r['step'] <= step])
 
   def write(self, record: dict[str, Any]) -> None:
-    try:
-      self._file.write(json.dumps(record) + '\n')
-      self._file.flush()
-      os.fsync(self._file.fileno())
-    except OSError as e:   # name the file: a failed write() does not
-      raise OSError(e.errno, e.strerror, self.path) from e
+    append_jsonl(self._file, [record])
     if self._tb is not None:
       from tensorboardX import summary
       from tensorboardX.proto import event_pb2
@@ -70,6 +59,26 @@ class MetricsWriter:
     self._file.close()
     if self._tb is not None:
       self._tb.close()
+
+
+def write_jsonl(path: str, records: Iterable[Any]) -> None:
+  """Writes one JSON value per line through a temporary file and a rename."""
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    f.writelines(json.dumps(r) + '\n' for r in records)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def append_jsonl(file: IO[str], records: Iterable[Any]) -> None:
+  """Appends one JSON value per line to an open file and syncs it to disk."""
+  try:
+    file.writelines(json.dumps(r) + '\n' for r in records)
+    file.flush()
+    os.fsync(file.fileno())
+  except OSError as e:   # name the file: a failed write() does not
+    raise OSError(e.errno, e.strerror, file.name) from e
 
 
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
@@ -134,7 +143,7 @@ class ProgressBar:
     frac = step / max(1, self.total)
     bar = '#' * int(20 * frac) + '-' * (20 - int(20 * frac))
     text = (f'[{bar}] step {step}/{self.total}  loss {loss:.3f}  '
-            f'{tokens_per_second:,.0f} tok/s  ETA {_duration(eta)}')
+            f'{tokens_per_second:,.0f} tok/s  ETA {duration(eta)}')
     if eval_loss is not None:
       text += f'  eval {eval_loss:.3f}'
     if self.tty:
@@ -151,7 +160,7 @@ class ProgressBar:
       self.stream.flush()
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
   if not math.isfinite(seconds):
     return '?'
   seconds = int(seconds)

@@ -29,7 +29,7 @@ from loco import network as network_lib
 from loco import timeline as timeline_lib
 from loco import workdir as workdir_lib
 from loco.errors import ConfigError, LocoError, WorkdirError
-from loco.metrics import read_metrics
+from loco.metrics import read_metrics, write_jsonl
 from loco.report import RETIMED
 
 _NAME = re.compile(r'^[A-Za-z0-9_.,=+-]+$')
@@ -99,10 +99,7 @@ def retime(workdir: str, overrides: Mapping[str, Any], name: str | None = None) 
             for step, clock in commlog.replay(net, log, max(steps)) if step in steps}
   out = os.path.join(workdir, RETIMED, name or cfg.profile)
   os.makedirs(out, exist_ok=True)
-  tmp = os.path.join(out, 'metrics.jsonl.tmp')
-  with open(tmp, 'w') as f:
-    f.writelines(json.dumps({**r, **clocks[r['step']]}) + '\n' for r in rows)
-  os.replace(tmp, os.path.join(out, 'metrics.jsonl'))
+  write_jsonl(os.path.join(out, 'metrics.jsonl'), [{**r, **clocks[r['step']]} for r in rows])
   workdir_lib.write_json(os.path.join(out, workdir_lib.CONFIG), dict(
       stored, config={**run, 'network': section}, retimed_from=dict(
           workdir=os.path.abspath(workdir), network=own, step=max(steps),

@@ -49,6 +49,7 @@ from typing import Any, Iterable, Sequence
 from loco import configs
 from loco import report as report_lib
 from loco.errors import LocoError
+from loco.metrics import duration
 from loco.report import LOG, STATUS, SWEEP, error_line, read_status
 from loco.workdir import read_json, write_json
 
@@ -506,7 +507,7 @@ def _summary(runs, results, seconds, out, say) -> None:
   for state in results.values():
     counts[state] = counts.get(state, 0) + 1
   parts = ', '.join(f'{n} {s}' for s, n in sorted(counts.items()))
-  say(f'sweep {out}: {len(runs)} runs: {parts}; wall {_duration(seconds)}')
+  say(f'sweep {out}: {len(runs)} runs: {parts}; wall {duration(seconds)}')
   for r in runs:
     state = results.get(r.name, 'not started')
     status = read_status(os.path.join(out, r.name)) or {}
@@ -515,11 +516,6 @@ def _summary(runs, results, seconds, out, say) -> None:
     detail = status.get('error') if status.get('state') != 'finished' else (
         f'{status.get("seconds", 0):.0f} s')
     say(f'  {state:<20} {r.name:<{width}}  {detail or ""}'.rstrip())
-
-
-def _duration(seconds: float) -> str:
-  seconds = int(seconds)
-  return f'{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}'
 
 
 def main(argv: Sequence[str] | None = None) -> int:
