@@ -10,7 +10,8 @@ from loco.model import weight_decay_mask
 
 @dataclasses.dataclass(frozen=True)
 class InnerConfig:
-  """The inner optimizer, configured once for every algorithm (AdamW, warm-up + cosine)."""
+  """The inner optimizer, configured once for every algorithm (AdamW, warm-up + cosine);
+  its ranges are checked with the config (`loco.configs.CONSTRAINTS`)."""
   lr: float = 3e-3              # peak learning rate
   warmup_steps: int = 50        # linear warm-up from 0 to `lr`
   decay_steps: int = 1000       # cosine decay length after warm-up (usually the run's steps)
@@ -20,20 +21,6 @@ class InnerConfig:
   eps: float = 1e-8
   weight_decay: float = 0.1     # decoupled, applied to matrices only (not norms)
   clip_norm: float = 1.0        # global-norm gradient clipping per worker; 0 disables
-
-  def __post_init__(self):
-    if not self.lr > 0:
-      raise ConfigError(f'optimizer.lr must be positive, got {self.lr}.')
-    if self.warmup_steps < 0 or self.decay_steps < 1:
-      raise ConfigError('optimizer.warmup_steps must be >= 0 and optimizer.decay_steps '
-                        f'>= 1, got {self.warmup_steps} and {self.decay_steps}.')
-    if not 0.0 <= self.final_lr_frac <= 1.0:
-      raise ConfigError(f'optimizer.final_lr_frac must be in [0, 1], got {self.final_lr_frac}.')
-    for name in ('b1', 'b2'):
-      if not 0.0 <= getattr(self, name) < 1.0:
-        raise ConfigError(f'optimizer.{name} must be in [0, 1), got {getattr(self, name)}.')
-    if self.weight_decay < 0 or self.clip_norm < 0:
-      raise ConfigError('optimizer.weight_decay and optimizer.clip_norm must be >= 0.')
 
 
 def schedule(cfg: InnerConfig) -> optax.Schedule:
@@ -50,12 +37,9 @@ def inner_optimizer(cfg: InnerConfig) -> optax.GradientTransformation:
   References:
     Loshchilov & Hutter, arXiv 1711.05101 (AdamW); DiLoCo, arXiv 2311.08105 (inner recipe).
   """
-  links = []
-  if cfg.clip_norm > 0:
-    links.append(optax.clip_by_global_norm(cfg.clip_norm))
-  links.append(optax.adamw(schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                           weight_decay=cfg.weight_decay, mask=weight_decay_mask))
-  return optax.chain(*links)
+  clip = [optax.clip_by_global_norm(cfg.clip_norm)] if cfg.clip_norm > 0 else []
+  return optax.chain(*clip, optax.adamw(schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                                        weight_decay=cfg.weight_decay, mask=weight_decay_mask))
 
 
 OUTER_OPTIMIZERS = ('sgd', 'nesterov', 'heavy_ball', 'adam')
@@ -78,10 +62,6 @@ def outer_optimizer(kind: str, lr: float, momentum: float = 0.0,
   if kind not in OUTER_OPTIMIZERS:
     raise ConfigError(f'algorithm.outer_optimizer must be one of {OUTER_OPTIMIZERS}, '
                       f'got {kind!r}.')
-  if not lr > 0:
-    raise ConfigError(f'algorithm.outer_lr must be positive, got {lr}.')
-  if not 0.0 <= momentum < 1.0:
-    raise ConfigError(f'algorithm.outer_momentum must be in [0, 1), got {momentum}.')
   if kind == 'sgd':
     return optax.sgd(lr)
   if kind == 'nesterov':

@@ -5,7 +5,6 @@ import optax
 from loco import comm
 from loco import compress
 from loco.engine import Algorithm, local_updates
-from loco.errors import ConfigError
 
 
 def sparseloco_outer(*, outer_lr: float = 1.0, error_decay: float = 0.95,
@@ -16,8 +15,6 @@ def sparseloco_outer(*, outer_lr: float = 1.0, error_decay: float = 0.95,
 
   Args and References: see `sparseloco`.
   """
-  if not outer_lr > 0:
-    raise ConfigError(f'algorithm.outer_lr must be positive, got {outer_lr}.')
   codec = compress.then(compress.topk_chunks(topk, chunk_size, dense_below),
                         compress.by_name(compression))
   compressor = compress.error_feedback(codec, error_decay)
