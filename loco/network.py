@@ -41,7 +41,7 @@ PEER_CHOICES = ('ready', 'sampled')
 GBIT = 1e9 / 8   # bytes/s in one Gbit/s
 
 # The parameters each link profile reads (beyond `bandwidth` and `latency`), and the
-# defaults a profile gives the common parameters.
+# defaults a profile gives the common parameters (over `NetworkConfig`'s).
 _LINK_KEYS = {
     'homogeneous': (),
     'multi_region': ('regions', 'inter_bandwidth', 'inter_latency'),
@@ -51,12 +51,6 @@ _LINK_KEYS = {
     'churn': (),
     'custom': ('bandwidth_matrix', 'latency_matrix'),
 }
-_DEFAULTS = dict(
-    mode='sync', local_work='steps', peer_choice='ready', step_seconds=None, device_flops=100e12, mfu=0.4,
-    speeds=None, bandwidth=100 * GBIT, latency=1e-4, regions=2,
-    inter_bandwidth=1 * GBIT, inter_latency=0.05, sigma=1.0, slow_workers=2,
-    slow_factor=30.0, bandwidth_matrix=None, latency_matrix=None,
-    straggler_fraction=0.0, straggler_factor=1.0, churn=(), dropout=0.0, seed=0)
 _PROFILE_DEFAULTS = {
     'stragglers': dict(straggler_fraction=0.25, straggler_factor=3.0),
 }
@@ -115,14 +109,11 @@ class NetworkConfig:
   seed: int = 0
 
   def __post_init__(self):
-    if self.mode not in MODES:
-      raise ConfigError(f'network.mode must be one of {MODES}, got {self.mode!r}.')
-    if self.peer_choice not in PEER_CHOICES:
-      raise ConfigError(f'network.peer_choice must be one of {PEER_CHOICES}, got '
-                        f'{self.peer_choice!r}.')
-    if self.local_work not in LOCAL_WORK:
-      raise ConfigError(f'network.local_work must be one of {LOCAL_WORK}, got '
-                        f'{self.local_work!r}.')
+    for key, allowed in (('mode', MODES), ('peer_choice', PEER_CHOICES),
+                         ('local_work', LOCAL_WORK)):
+      if getattr(self, key) not in allowed:
+        raise ConfigError(f'network.{key} must be one of {allowed}, got '
+                          f'{getattr(self, key)!r}.')
     for key in ('device_flops', 'mfu', 'bandwidth', 'inter_bandwidth', 'slow_factor',
                 'straggler_factor'):
       if not getattr(self, key) > 0:
@@ -162,11 +153,11 @@ def parse_network(section: dict[str, Any] | None) -> NetworkConfig | None:
     if key in link_keys and key not in _LINK_KEYS[profile]:
       raise ConfigError(f'network.{key} is not read by network.profile={profile!r} '
                         f'(it reads: {", ".join(_LINK_KEYS[profile]) or "no extra keys"}).')
-  values = {**_DEFAULTS, **_PROFILE_DEFAULTS.get(profile, {}), **section}
-  if values['speeds'] is not None:
+  values = {**_PROFILE_DEFAULTS.get(profile, {}), **section}
+  if 'speeds' in values:
     values['speeds'] = tuple(float(s) for s in values['speeds'])
   try:
-    values['churn'] = tuple(tuple(int(v) for v in c) for c in values['churn'])
+    values['churn'] = tuple(tuple(int(v) for v in c) for c in values.get('churn', ()))
     assert all(len(c) == 3 for c in values['churn'])
   except (TypeError, ValueError, AssertionError):
     raise ConfigError('network.churn must be a list of [worker, leave_step, rejoin_step], '
@@ -174,7 +165,7 @@ def parse_network(section: dict[str, Any] | None) -> NetworkConfig | None:
   if profile == 'churn' and not values['churn']:
     raise ConfigError("network.profile='churn' needs network.churn: a list of "
                       '(worker, leave_step, rejoin_step).')
-  if profile == 'custom' and values['bandwidth_matrix'] is None:
+  if profile == 'custom' and 'bandwidth_matrix' not in values:
     raise ConfigError("network.profile='custom' needs network.bandwidth_matrix.")
   return NetworkConfig(profile=profile, **values)
 
@@ -414,12 +405,8 @@ class Clock:
     if tau > 0:
       self.pending.append([tau, start + duration, members])
     else:
-      self.now[members] = start + duration
-      self._wait_for_absent(members)
-
-  def _wait_for_absent(self, members) -> None:
-    # Workers left out of a blocking collective still receive its result.
-    self.now = np.maximum(self.now, self.now[members].max())
+      # Workers left out of a blocking collective still receive its result.
+      self.now = np.maximum(self.now, start + duration)
 
   def _deliver(self) -> None:
     still = []

@@ -24,8 +24,7 @@ import heapq
 
 import numpy as np
 
-from loco.errors import ConfigError
-from loco.network import PEER_CHOICES, Network
+from loco.network import Network
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,13 +130,6 @@ def simulate_async(net: Network, *, steps: int, sync_every: int, peers: np.ndarr
   """
   m = net.num_workers
   peers = np.asarray(peers, bool)
-  if peers.shape != (m, m):
-    raise ConfigError(f'the peer graph must be {m} x {m}, got {peers.shape}.')
-  if steps < 1 or sync_every < 1:
-    raise ConfigError(f'steps and sync_every must be >= 1, got {steps}, {sync_every}.')
-  if peer_choice not in PEER_CHOICES:
-    raise ConfigError(f'network.peer_choice must be one of {PEER_CHOICES}, got '
-                      f'{peer_choice!r}.')
   rng = np.random.default_rng(seed)
   c = np.asarray(net.step_seconds, float)
   per_round = local_steps_per_round(net, sync_every, local_work)
