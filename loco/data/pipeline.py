@@ -192,12 +192,6 @@ class TrainIterator:
       stream.close()
 
 
-def _check_positive(**values: int) -> None:
-  for key, value in values.items():
-    if not isinstance(value, (int, np.integer)) or value < 1:
-      raise errors.ConfigError(f'{key} is {value!r}; use an integer >= 1.')
-
-
 def _signature(cfg: config_lib.DataConfig, docs: sources.Documents,
                tokenizer: tokenizers.Tokenizer, num_workers: int,
                seed: int) -> str:
@@ -222,8 +216,6 @@ def make_train_iterator(cfg: config_lib.DataConfig, *, num_workers: int,
   Returns:
     A TrainIterator of int32 [num_workers, batch_per_worker, seq_len + 1].
   """
-  _check_positive(num_workers=num_workers, batch_per_worker=batch_per_worker,
-                  seq_len=seq_len)
   tokenizer = tokenizers.make_tokenizer(cfg)
   docs = sources.open_documents(cfg, cfg.train_split)
   shares = sharding.worker_shares(
@@ -269,8 +261,6 @@ def make_eval_batches(cfg: config_lib.DataConfig, *, batch_size: int,
   that stream, so they cover many documents. Raises DataError if the split
   cannot fill them.
   """
-  _check_positive(batch_size=batch_size, seq_len=seq_len,
-                  num_batches=num_batches)
   n, width = num_batches * batch_size, seq_len + 1
   stream, docs, _ = _eval_tokens(cfg, _EVAL_OVERSAMPLE * n * width)
   available = len(stream) // width

@@ -71,8 +71,7 @@ class TfdsDocuments(Documents):
     return self._len
 
   def __getitem__(self, index: int) -> bytes:
-    value = self.source[index][self.text_key]
-    return value.encode('utf-8') if isinstance(value, str) else bytes(value)
+    return _as_bytes(self.source[index][self.text_key])
 
 
 # A run opens its data several times (train and eval splits, fingerprint, entropy);

@@ -48,10 +48,6 @@ class Tokenizer(Protocol):
     ...
 
 
-def _as_bytes(text: str | bytes) -> bytes:
-  return text.encode('utf-8') if isinstance(text, str) else bytes(text)
-
-
 class ByteTokenizer:
   """UTF-8 bytes as tokens 0..255 and one extra token, EOS = 256 (vocab 257).
 
@@ -68,7 +64,8 @@ class ByteTokenizer:
 
   def encode_document(self, data: str | bytes) -> np.ndarray:
     """Tokens of one document as a uint8 view (no copy); the packer widens."""
-    return np.frombuffer(_as_bytes(data), dtype=np.uint8)
+    return np.frombuffer(data.encode('utf-8') if isinstance(data, str) else bytes(data),
+                         dtype=np.uint8)
 
   def decode(self, ids: Iterable[int] | np.ndarray) -> str:
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
