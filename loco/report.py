@@ -16,13 +16,14 @@ written.
 """
 
 import argparse
+import collections
 import math
 import os
 import re
 import sys
 from typing import Any, Sequence
 
-from loco.metrics import read_metrics, read_metrics_checked
+from loco.metrics import read_metrics_checked
 from loco.workdir import DIVERGED, read_json
 
 # A run's files that loco.sweep writes (read here and by loco.sweep).
@@ -245,11 +246,7 @@ def _eval_series(workdirs, labels) -> list[tuple[str, list[dict[str, Any]]]]:
   """(label, its finite eval records) of every workdir that has some."""
   series = []
   for workdir, label in zip(workdirs, labels):
-    try:
-      evals = [r for r in read_metrics(workdir)
-               if 'eval_loss' in r and _finite(r['eval_loss'])]
-    except (OSError, ValueError):
-      continue
+    evals = [r for r in _metrics(workdir)[0] if 'eval_loss' in r and _finite(r['eval_loss'])]
     if evals:
       series.append((label, evals))
   return series
@@ -265,8 +262,7 @@ def networks(rows: Sequence[dict[str, Any]], order: Sequence[str] = ()
   found = {}
   for r in rows:
     root = os.path.join(r['workdir'], RETIMED)
-    names = sorted(os.listdir(root)) if os.path.isdir(root) else []
-    for name in names:
+    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
       if os.path.isfile(os.path.join(root, name, 'metrics.jsonl')):
         found.setdefault(name, []).append((r['name'], os.path.join(root, name)))
   if not found:
@@ -465,9 +461,7 @@ def write_report(paths: Sequence[str], out: str | None = None,
     out = paths[0] if not is_workdir(paths[0]) else 'report'
   rows = summarize(workdirs, target, names)
   pngs = plot_runs(workdirs, out, names, rows[0]['target'] if rows else target)
-  counts = {}
-  for r in rows:
-    counts[r['status']] = counts.get(r['status'], 0) + 1
+  counts = collections.Counter(r['status'] for r in rows)
   if missing:
     counts['not started'] = len(missing)
   count_line = f'{len(rows) + len(missing)} runs: ' + ', '.join(
@@ -529,12 +523,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
   try:
     write_report(args.paths, args.out, args.target)
-  except FileNotFoundError as e:
+  except (FileNotFoundError, ReportError) as e:
     print(f'loco.report: error: {e}', file=sys.stderr)
-    return 2
-  except ReportError as e:
-    print(f'loco.report: error: {e}', file=sys.stderr)
-    return 1
+    return 2 if isinstance(e, FileNotFoundError) else 1
   return 0
 
 
