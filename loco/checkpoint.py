@@ -33,10 +33,7 @@ ITEMS = ('state', 'data', 'host')
 
 
 def _key_name(entry) -> str:
-  for attr in ('name', 'key', 'idx'):
-    if hasattr(entry, attr):
-      return str(getattr(entry, attr))
-  return str(entry)
+  return jax.tree_util.keystr((entry,), simple=True)
 
 
 def named(tree: PyTree) -> dict[str, Any]:
@@ -69,14 +66,9 @@ def _loaded(x, like):
   return jax.random.wrap_key_data(x, impl=jax.random.key_impl(like)) if _is_key(like) else x
 
 
-def _paths(tree: PyTree) -> list[tuple[str, ...]]:
-  return [tuple(_key_name(p) for p in path)
-          for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
-
-
-def _lookup(tree: dict[str, Any], path: tuple[str, ...]):
-  for key in path:
-    tree = tree[key]
+def _lookup(tree: dict[str, Any], path) -> Any:
+  for entry in path:
+    tree = tree[_key_name(entry)]
   return tree
 
 
@@ -138,8 +130,8 @@ class Checkpointer:
           state=ocp.args.StandardRestore(abstract),
           data=ocp.args.JsonRestore(),
           host=ocp.args.JsonRestore()))
-      leaves = [_loaded(_lookup(restored['state'], p), x)
-                for p, x in zip(_paths(like), jax.tree.leaves(like))]
+      leaves = [_loaded(_lookup(restored['state'], path), x)
+                for path, x in jax.tree_util.tree_flatten_with_path(like)[0]]
     except Exception as e:  # orbax raises many types for unreadable or mismatched files.
       first = (str(e).strip().splitlines() or [''])[0][:200]
       raise CheckpointError(

@@ -20,17 +20,13 @@ class MetricsWriter:
   as an OSError instead of killing a background thread and blocking the run.
   """
 
-  def __init__(self, workdir: str, resume_step: int = 0, tensorboard: bool = True,
-               note=None):
+  def __init__(self, workdir: str, resume_step: int = 0, note=None):
+    from tensorboardX.event_file_writer import EventsWriter  # no TensorFlow needed
     self.path = os.path.join(workdir, 'metrics.jsonl')
     self._truncate_after(resume_step, note or (lambda message: None))
     self._file = open(self.path, 'a')
-    self._tb = None
-    if tensorboard:
-      from tensorboardX.event_file_writer import EventsWriter  # no TensorFlow needed
-      directory = os.path.join(workdir, 'tensorboard')
-      os.makedirs(directory, exist_ok=True)
-      self._tb = EventsWriter(os.path.join(directory, 'events'))
+    os.makedirs(os.path.join(workdir, 'tensorboard'), exist_ok=True)
+    self._tb = EventsWriter(os.path.join(workdir, 'tensorboard', 'events'))
 
   def _truncate_after(self, step: int, note) -> None:
     # A resumed run redoes the steps after its checkpoint; drop their old lines so the
@@ -44,21 +40,18 @@ class MetricsWriter:
 
   def write(self, record: dict[str, Any]) -> None:
     append_jsonl(self._file, [record])
-    if self._tb is not None:
-      from tensorboardX import summary
-      from tensorboardX.proto import event_pb2
-      values = [summary.scalar(key, value).value[0] for key, value in record.items()
-                if key != 'step' and isinstance(value, (int, float))
-                and not isinstance(value, bool) and math.isfinite(value)]
-      self._tb.write_event(event_pb2.Event(
-          wall_time=time.time(), step=int(record['step']),
-          summary=summary.Summary(value=values)))
-      self._tb.flush()
+    from tensorboardX import summary
+    from tensorboardX.proto import event_pb2
+    values = [summary.scalar(key, value).value[0] for key, value in record.items()
+              if key != 'step' and isinstance(value, (int, float))
+              and not isinstance(value, bool) and math.isfinite(value)]
+    self._tb.write_event(event_pb2.Event(
+        wall_time=time.time(), step=int(record['step']), summary=summary.Summary(value=values)))
+    self._tb.flush()
 
   def close(self) -> None:
     self._file.close()
-    if self._tb is not None:
-      self._tb.close()
+    self._tb.close()
 
 
 def write_jsonl(path: str, records: Iterable[Any]) -> None:
@@ -115,11 +108,10 @@ def read_metrics_checked(workdir: str) -> tuple[list[dict[str, Any]], str | None
 class ProgressBar:
   """One terminal line: step, loss, tokens/s and ETA (a plain line per update off a tty)."""
 
-  def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True,
-               stream=None):
+  def __init__(self, total_steps: int, start_step: int = 0, enabled: bool = True):
     self.total, self.start = total_steps, start_step
     self.enabled = enabled
-    self.stream = stream or sys.stderr
+    self.stream = sys.stderr
     self.tty = getattr(self.stream, 'isatty', lambda: False)()
     self._first: tuple[int, float] | None = None   # (step, time) of the first update
     self._last_plain = 0.0

@@ -41,7 +41,6 @@ from loco.engine import Algorithm, Fragments, check_schedule, local_updates
 from loco.errors import ConfigError
 
 PyTree = Any
-BlockIndexFn = Callable[[tuple], int | None]
 
 PATTERNS = ('strided', 'sequential')
 NON_BLOCK = ('own', 'first')
@@ -49,13 +48,6 @@ NON_BLOCK = ('own', 'first')
 BLOCK_CONTAINERS = ('blocks', 'block', 'layers', 'layer', 'h')
 # Keys that name a block themselves (Flax linen's `layers_3`, `blocks_3`).
 _NAMED_BLOCK = re.compile(r'^(?:blocks?|layers?|h)_(\d+)$')
-
-
-def _key_name(entry) -> Any:
-  for attr in ('key', 'idx', 'name'):
-    if hasattr(entry, attr):
-      return getattr(entry, attr)
-  return str(entry)
 
 
 def block_index(path: Sequence[Any]) -> int | None:
@@ -68,16 +60,12 @@ def block_index(path: Sequence[Any]) -> int | None:
   """
   previous = None
   for entry in path:
-    name = _key_name(entry)
-    if previous in BLOCK_CONTAINERS:
-      if isinstance(name, (int, np.integer)) and not isinstance(name, bool):
-        return int(name)
-      if isinstance(name, str) and name.isdigit():
-        return int(name)
-    if isinstance(name, str):
-      match = _NAMED_BLOCK.match(name)
-      if match:
-        return int(match.group(1))
+    name = jax.tree_util.keystr((entry,), simple=True)
+    if previous in BLOCK_CONTAINERS and name.isdigit():
+      return int(name)
+    match = _NAMED_BLOCK.match(name)
+    if match:
+      return int(match.group(1))
     previous = name
   return None
 
@@ -99,21 +87,10 @@ class Fragmentation(NamedTuple):
     return len(self.blocks)
 
 
-def _check_count(value, key: str, allow_none: bool = True):
-  if value is None and allow_none:
-    return
-  if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-    raise ConfigError(f'{key} must be an integer >= 1{" or None" if allow_none else ""}, '
-                      f'got {value!r}.')
-
-
 def fragmenter(num_fragments: int | None = None, *, layers_per_fragment: int | None = None,
-               fragment_pattern: str = 'strided', non_block: str = 'own',
-               block_index_fn: BlockIndexFn = block_index
+               fragment_pattern: str = 'strided', non_block: str = 'own'
                ) -> Callable[[PyTree], Fragmentation]:
   """Checks the fragment keys; returns `params -> Fragmentation` (see `assign_fragments`)."""
-  _check_count(num_fragments, 'algorithm.num_fragments')
-  _check_count(layers_per_fragment, 'algorithm.layers_per_fragment')
   for value, allowed, key in ((fragment_pattern, PATTERNS, 'fragment_pattern'),
                               (non_block, NON_BLOCK, 'non_block')):
     if value not in allowed:
@@ -124,7 +101,7 @@ def fragmenter(num_fragments: int | None = None, *, layers_per_fragment: int | N
 
   def assign(params: PyTree) -> Fragmentation:
     paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-    leaf_blocks = [block_index_fn(path) for path in paths]
+    leaf_blocks = [block_index(path) for path in paths]
     blocks = sorted({b for b in leaf_blocks if b is not None})
     n = len(blocks)
     if n == 0:
@@ -171,7 +148,7 @@ def assign_fragments(params: PyTree, num_fragments: int | None = None,
       instead of num_fragments), `fragment_pattern` ('strided': fragment p = blocks p,
       p+P, ...; or 'sequential'), `non_block` ('own': leaves without a block are
       fragment 0 and the block fragments follow, P + 1 in all; or 'first': they join
-      block fragment 0), `block_index_fn` (key path -> block index or None).
+      block fragment 0).
 
   Returns:
     A `Fragmentation`. A tree without blocks is one fragment (P may then be None or 1).

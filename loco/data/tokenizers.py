@@ -130,14 +130,13 @@ def make_tokenizer(cfg: config_lib.DataConfig) -> Tokenizer:
   return SentencePieceTokenizer(cfg.sp_model)
 
 
-def _chunks(texts: Iterable[str | bytes], max_bytes: int,
-            chunk_chars: int = 2048) -> Iterator[str]:
+def _chunks(texts: Iterable[str | bytes], max_bytes: int) -> Iterator[str]:
   """Documents cut at line ends into pieces SentencePiece accepts as sentences.
 
   Newlines stay inside the pieces so that the model learns them (code and
   prose are full of them) instead of byte-falling back on every line end.
   """
-  total = 0
+  total, chunk_chars = 0, 2048
   for text in texts:
     if isinstance(text, bytes):
       text = text.decode('utf-8', errors='replace')
