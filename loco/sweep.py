@@ -33,6 +33,7 @@ every core, so `--parallel=1` is the fastest there; use more on a many-core host
 """
 
 import argparse
+import collections
 import dataclasses
 import datetime
 import fcntl
@@ -400,10 +401,8 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
     while todo or active:
       while todo and len(active) < parallel:
         r = todo.pop(0)
-        action, reason = plans[r.name]
         active.append(_Active(r, cmds[r.name], os.path.join(out, r.name)))
-        verb = 'start' if action == 'start' else 'resume'
-        say(f'{verb:<7} {r.name:<{width}}  {reason}'.rstrip())
+        say(f'{plans[r.name][0]:<7} {r.name:<{width}}  {plans[r.name][1]}'.rstrip())
       time.sleep(0.2)
       for a in list(active):
         returncode = a.proc.poll()
@@ -418,16 +417,12 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
     code = 130
     say(f'stopping ({e or "Ctrl-C"}): interrupting {len(active)} running run(s); '
         f'the same command resumes them.')
-    for a in active:
-      _terminate(a.proc)
-      results[a.run.name] = a.finish(a.proc.returncode, interrupted=True)
-    active = []
   finally:
     for s, handler in old_handlers.items():
       signal.signal(s, handler)
-    for a in active:   # an unexpected error: do not leave runs behind
+    for a in active:   # stopped, or an unexpected error: do not leave runs behind
       _terminate(a.proc)
-      a.finish(a.proc.returncode, interrupted=True)
+      results[a.run.name] = a.finish(a.proc.returncode, interrupted=True)
 
   _summary(runs, results, time.time() - t0, out, say)
   failed_retimes = 0 if code else _retime_runs(runs, out, retimes, say)
@@ -503,9 +498,7 @@ def _dry_run(runs, cmds, plans, width, say) -> int:
 
 def _summary(runs, results, seconds, out, say) -> None:
   width = max(len(r.name) for r in runs)
-  counts = {}
-  for state in results.values():
-    counts[state] = counts.get(state, 0) + 1
+  counts = collections.Counter(results.values())
   parts = ', '.join(f'{n} {s}' for s, n in sorted(counts.items()))
   say(f'sweep {out}: {len(runs)} runs: {parts}; wall {duration(seconds)}')
   for r in runs:
