@@ -1,12 +1,8 @@
 """The network as data, and the clock that turns a run's communication into seconds.
 
 A `Network` is three arrays (DESIGN §5): each worker's seconds per inner step, and the
-per-link bandwidth (bytes/s) and latency (s) matrices. Named profiles build one from a
-few parameters (`NetworkConfig`): a homogeneous datacenter, several regions (fast
-inside, slow between), log-normal heterogeneous links, slow links (the links of a few
-workers are many times slower), stragglers (a fraction of workers computes slower) and
-churn (workers leave and rejoin); every profile also takes stragglers, churn and
-dropout on top.
+per-link bandwidth (bytes/s) and latency (s) matrices, which a named profile builds from
+a few parameters (`NetworkConfig`; the profiles are tabled in WORKSPACE.md).
 
 Time of one communication, from the bytes a step's `StepInfo` reports:
 
@@ -58,32 +54,8 @@ _PROFILE_DEFAULTS = {
 
 @dataclasses.dataclass(frozen=True)
 class NetworkConfig:
-  """The `network` config section, typed; see experiments/base.py for every key.
-
-  Attributes:
-    profile: one of PROFILES.
-    mode: 'sync' (every algorithm) or 'async' (gossip replayed from `loco.schedule`).
-    local_work: 'steps' (H local steps per round) or 'time' (async: as many local
-      steps as fit in H nominal step times).
-    peer_choice: async: 'ready' (any waiting neighbour) or 'sampled' (a random
-      neighbour, waited for); see `loco.schedule.simulate_async`.
-    step_seconds: seconds per inner step at speed 1, or None: from FLOPs.
-    device_flops, mfu: a worker's peak FLOP/s and the fraction of it a step reaches
-      (used when step_seconds is None).
-    speeds: per-worker relative speeds (1 = nominal), or None.
-    bandwidth, latency: every link's bytes/s and seconds (inside a region).
-    regions, inter_bandwidth, inter_latency: multi_region.
-    sigma: lognormal: std of log bandwidth.
-    slow_workers, slow_factor: slow_links: the links of this many workers are this
-      many times slower.
-    bandwidth_matrix, latency_matrix: custom [M, M] matrices.
-    straggler_fraction, straggler_factor: this fraction of workers is this many times
-      slower to compute.
-    churn: (worker, leave_step, rejoin_step) triples: absent in [leave, rejoin).
-    dropout: probability that a worker drops out of a round (its work is discarded;
-      it adopts what the others agreed on).
-    seed: seeds the random profile parts (links, stragglers, dropout, async peers).
-  """
+  """The `network` config section, typed: each key is documented where it is defined,
+  in experiments/base.py (a None there is the default here, or the profile's)."""
   profile: str
   mode: str = 'sync'
   local_work: str = 'steps'
@@ -272,12 +244,8 @@ def make_network(cfg: NetworkConfig, num_workers: int, step_seconds: float) -> N
 
 def ring_all_reduce_seconds(net: Network, members: Sequence[int],
                             sent_per_worker: float) -> float:
-  """A ring all-reduce among `members` (in ring order) of which each sent this many bytes.
-
-  Each worker sends 2 (m - 1) chunks of S / m bytes (S the payload), one per phase,
-  all ring links at once, so the time is 2 (m - 1) x the slowest ring link's
-  latency + chunk / bandwidth.
-  """
+  """A ring all-reduce among `members` (in ring order) of which each sent this many bytes:
+  2 (m - 1) phases of one chunk over every ring link at once (the module docstring)."""
   members = list(members)
   m = len(members)
   if m < 2:
@@ -370,14 +338,9 @@ class Clock:
     return float(self.now.max())
 
   def step(self, wire: StepWire) -> None:
-    """Advances the clock by one step: compute, then what each worker communicated.
-
-    Workers of an all-reduce or all-gather (`kind`) wait for the last of them; the
-    collective runs over them in worker order (`ring_all_reduce_seconds`) and, with
-    `overlap_steps` tau > 0, only has to be done tau steps later. A gossip step
-    exchanges over the edges in `peers`, `payload` bytes each way, each exchange
-    starting when both ends are there (`gossip_finish`).
-    """
+    """Advances the clock by one step: compute, then what each worker communicated (a
+    collective in worker order, due tau = `overlap_steps` steps later if tau > 0; gossip
+    over the edges in `peers`, `payload` bytes each way)."""
     work = np.where(wire.active, self.net.step_seconds, 0.0)
     self.now = self.now + work
     self.compute = self.compute + work
