@@ -144,11 +144,8 @@ def assign_fragments(params: PyTree, num_fragments: int | None = None,
     params: a param tree (one model's, or worker-stacked: only the key paths are read).
     num_fragments: P, fragments the blocks are cut into (1 .. number of blocks); None:
       one block per fragment, or blocks / layers_per_fragment.
-    **keys: `layers_per_fragment` (blocks per fragment, dividing the number of blocks;
-      instead of num_fragments), `fragment_pattern` ('strided': fragment p = blocks p,
-      p+P, ...; or 'sequential'), `non_block` ('own': leaves without a block are
-      fragment 0 and the block fragments follow, P + 1 in all; or 'first': they join
-      block fragment 0).
+    **keys: `layers_per_fragment`, `fragment_pattern`, `non_block`, as in
+      `streaming_diloco`.
 
   Returns:
     A `Fragmentation`. A tree without blocks is one fragment (P may then be None or 1).
@@ -186,14 +183,11 @@ def streaming_diloco(inner: optax.GradientTransformation, *, sync_every: int = 1
                      mesh=None) -> Algorithm:
   """Streaming DiLoCo: DiLoCo whose fragments sync in turn, overlapped with training.
 
-  The transformer blocks are cut into P fragments (strided: fragment p holds blocks
-  p, p+P, ...); embeddings, final norm and head are their own fragment by default.
-  Fragment f syncs every H steps at offset (f H) // F; its pseudo-gradient travels
-  E3M0-quantized (4 bits per value plus a float32 scale per tensor, summed in
-  float32), the outer Nesterov step (float32) updates that fragment's anchor and
-  momentum only, and tau steps later each worker merges `alpha * params + (1 - alpha)
-  * anchor`. With one fragment (`num_fragments=1, non_block='first'`), tau 0, alpha 0
-  and no compression this is DiLoCo: the same engine, `local_updates`, configured.
+  Fragments and their schedule as the module docstring says; a fragment's
+  pseudo-gradient travels E3M0-quantized (summed in float32), the outer step updates
+  its anchor and momentum only, and tau steps later each worker merges `alpha * params
+  + (1 - alpha) * anchor`. With one fragment (`num_fragments=1, non_block='first'`), tau
+  0, alpha 0 and no compression this is DiLoCo: the same engine, configured.
 
   Args:
     inner: the per-worker inner optimizer.
