@@ -79,38 +79,28 @@ class ModelConfig:
 
   def __post_init__(self):
     for key in ('vocab_size', 'd_model', 'num_layers', 'num_heads', 'd_ff',
-                'max_seq_len'):
+                'max_seq_len', 'head_dim'):
       value = getattr(self, key)
+      if key == 'head_dim' and value is None:
+        continue
       if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(
-            f'model.{key} must be a positive integer, got {value!r}.')
-    if self.head_dim is None:
-      if self.d_model % self.num_heads:
-        raise ConfigError(
-            f'model.d_model ({self.d_model}) must be divisible by '
-            f'model.num_heads ({self.num_heads}) when model.head_dim is None.')
-    elif (not isinstance(self.head_dim, int) or isinstance(self.head_dim, bool)
-          or self.head_dim <= 0):
+        raise ConfigError(f'model.{key} must be a positive integer'
+                          f'{" or None" if key == "head_dim" else ""}, got {value!r}.')
+    if self.head_dim is None and self.d_model % self.num_heads:
       raise ConfigError(
-          f'model.head_dim must be None or a positive integer, got '
-          f'{self.head_dim!r}.')
+          f'model.d_model ({self.d_model}) must be divisible by '
+          f'model.num_heads ({self.num_heads}) when model.head_dim is None.')
     if self.resolved_head_dim % 2:
       raise ConfigError(
           f'The per-head width (model.head_dim or d_model // num_heads) must '
           f'be even for RoPE, got {self.resolved_head_dim}.')
-    if self.mlp not in _MLPS:
-      raise ConfigError(
-          f'model.mlp must be one of {_MLPS}, got {self.mlp!r}.')
-    if self.dtype not in _DTYPES:
-      raise ConfigError(
-          f'model.dtype must be one of {tuple(_DTYPES)}, got {self.dtype!r}.')
-    if not self.z_loss >= 0.0:
-      raise ConfigError(
-          f'model.z_loss must be a non-negative float, got {self.z_loss!r}.')
-    if not self.rope_theta > 0.0:
-      raise ConfigError(
-          f'model.rope_theta must be a positive float, got '
-          f'{self.rope_theta!r}.')
+    for key, allowed in (('mlp', _MLPS), ('dtype', tuple(_DTYPES))):
+      if getattr(self, key) not in allowed:
+        raise ConfigError(f'model.{key} must be one of {allowed}, got '
+                          f'{getattr(self, key)!r}.')
+    if not (self.z_loss >= 0.0 and self.rope_theta > 0.0):
+      raise ConfigError(f'model.z_loss must be >= 0 and model.rope_theta > 0, got '
+                        f'{self.z_loss!r} and {self.rope_theta!r}.')
 
   @property
   def resolved_head_dim(self) -> int:
@@ -341,6 +331,9 @@ class Transformer(nnx.Module):
     return logits_NxV.astype(jnp.float32).reshape(batch_size, seq_len, -1)
 
 
+# Jitted because eager init dispatches (and compiles) one small op per
+# parameter, which costs seconds even for the nano model.
+@functools.partial(jax.jit, static_argnums=0)
 def init_params(cfg: ModelConfig,
                 key: jax.Array) -> tuple[nnx.GraphDef, PyTree]:
   """Initialises the model and splits it into a graphdef and pure params.
@@ -356,14 +349,6 @@ def init_params(cfg: ModelConfig,
     `(graphdef, params)`: the static structure for `apply`, and a nested dict
     of float32 arrays (see the module docstring for its keys).
   """
-  return _init_params_jit(cfg, key)
-
-
-# Jitted because eager init dispatches (and compiles) one small op per
-# parameter, which costs seconds even for the nano model.
-@functools.partial(jax.jit, static_argnums=0)
-def _init_params_jit(cfg: ModelConfig,
-                     key: jax.Array) -> tuple[nnx.GraphDef, PyTree]:
   model = Transformer(cfg, rngs=nnx.Rngs(params=key))
   graphdef, state = nnx.split(model, nnx.Param)
   return graphdef, state.to_pure_dict()
