@@ -139,15 +139,10 @@ class TrainIterator:
   """
 
   def __init__(self, streams: list[_WorkerStream], *, batch_per_worker: int,
-               seq_len: int, signature: str, name: str):
+               seq_len: int, signature: str):
     self._streams = streams
     self._shape = (len(streams), batch_per_worker, seq_len + 1)
     self._signature = signature
-    self.name = name
-
-  @property
-  def shape(self) -> tuple[int, int, int]:
-    return self._shape
 
   def __iter__(self) -> TrainIterator:
     return self
@@ -230,8 +225,7 @@ def make_train_iterator(cfg: config_lib.DataConfig, *, num_workers: int,
   ]
   return TrainIterator(
       streams, batch_per_worker=batch_per_worker, seq_len=seq_len,
-      signature=_signature(cfg, docs, tokenizer, num_workers, seed),
-      name=docs.name)
+      signature=_signature(cfg, docs, tokenizer, num_workers, seed))
 
 
 def _eval_tokens(cfg: config_lib.DataConfig, max_tokens: int

@@ -71,19 +71,6 @@ class IidShare:
                           self._num_docs, self._seed)
 
 
-class RangeShare:
-  """Documents lo .. hi - 1."""
-
-  def __init__(self, lo: int, hi: int):
-    self._lo, self._len = lo, hi - lo
-
-  def __len__(self) -> int:
-    return self._len
-
-  def __getitem__(self, j: int) -> int:
-    return self._lo + j
-
-
 class IndexShare:
   """An explicit, sorted list of document indices."""
 
@@ -177,7 +164,7 @@ def worker_shares(docs: sources.Documents, *, num_workers: int, sharding: str,
     return [IidShare(n, num_workers, w, seed) for w in range(num_workers)]
   if noniid_by == 'file':
     bounds = [w * n // num_workers for w in range(num_workers + 1)]
-    return [RangeShare(bounds[w], bounds[w + 1]) for w in range(num_workers)]
+    return [range(bounds[w], bounds[w + 1]) for w in range(num_workers)]
   if n > MAX_CLUSTER_DOCS:
     raise errors.DataError(
         f"{docs.name} has {n} documents; noniid_by='cluster' reads them all "
