@@ -15,12 +15,6 @@ NONIID_BY = ('file', 'cluster')
 _DEFAULT_DATA_DIR = os.path.join('~', '.cache', 'loco', 'tfds')
 
 
-def _check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
-  if value not in allowed:
-    raise errors.ConfigError(
-        f'data.{key} is {value!r}; allowed values: {", ".join(allowed)}.')
-
-
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
   """Which corpus to read, how to tokenize it and how to split it over workers.
@@ -29,36 +23,25 @@ class DataConfig:
   here so that a typo fails before any file is read.
   """
 
-  # 'stdlib' (embedded, no download) | 'text' (own files) | 'tfds'.
-  source: str = 'stdlib'
-  # e.g. 'c4/en:3.1.0' when source == 'tfds'.
-  tfds_name: str = ''
-  # '' -> $LOCO_DATA_DIR or ~/.cache/loco/tfds; a gs:// path is passed through.
-  data_dir: str = ''
-  # Files to read when source == 'text' ('**' recurses); one file, one document.
-  text_glob: str = ''
-  # Feature holding the text in a TFDS dataset.
-  text_key: str = 'text'
-  # TFDS split syntax, slices allowed ('train[:10%]').
-  train_split: str = 'train'
-  # Must differ from train_split.
-  eval_split: str = 'validation'
-  # 'bytes' (vocab 257, EOS 256) | 'sentencepiece'.
-  tokenizer: str = 'bytes'
-  # Path of a SentencePiece .model file (tokenizer == 'sentencepiece').
-  sp_model: str = ''
-  # 'iid' | 'noniid': how documents are split over workers.
-  sharding: str = 'iid'
-  # 'file' (contiguous ranges of paths) | 'cluster' (k-means, k = workers).
-  noniid_by: str = 'file'
-  # Threads per worker that read ahead in a TFDS source; 0 reads inline.
-  read_threads: int = 2
+  source: str = 'stdlib'        # stdlib (embedded, no download) | text (own files) | tfds
+  tfds_name: str = ''           # e.g. 'c4/en:3.1.0' when source == 'tfds'
+  data_dir: str = ''            # '' -> $LOCO_DATA_DIR or ~/.cache/loco/tfds; gs:// passes
+  text_glob: str = ''           # files when source == 'text' ('**' recurses); one per document
+  text_key: str = 'text'        # the feature holding the text in a TFDS dataset
+  train_split: str = 'train'    # TFDS split syntax, slices allowed ('train[:10%]')
+  eval_split: str = 'validation'  # must differ from train_split
+  tokenizer: str = 'bytes'      # bytes (vocab 257, EOS 256) | sentencepiece
+  sp_model: str = ''            # SentencePiece .model path (tokenizer == 'sentencepiece')
+  sharding: str = 'iid'         # iid | noniid: how documents are split over workers
+  noniid_by: str = 'file'       # file (contiguous ranges of paths) | cluster (k-means, k = M)
+  read_threads: int = 2         # threads per worker reading a TFDS source ahead; 0: inline
 
   def __post_init__(self):
-    _check_choice('source', self.source, SOURCES)
-    _check_choice('tokenizer', self.tokenizer, TOKENIZERS)
-    _check_choice('sharding', self.sharding, SHARDINGS)
-    _check_choice('noniid_by', self.noniid_by, NONIID_BY)
+    for key, allowed in (('source', SOURCES), ('tokenizer', TOKENIZERS),
+                         ('sharding', SHARDINGS), ('noniid_by', NONIID_BY)):
+      if getattr(self, key) not in allowed:
+        raise errors.ConfigError(f'data.{key} is {getattr(self, key)!r}; allowed values: '
+                                 f'{", ".join(allowed)}.')
     if self.source == 'tfds' and not self.tfds_name:
       raise errors.ConfigError(
           "data.tfds_name is empty; source 'tfds' needs a dataset name such as "
