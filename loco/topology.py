@@ -100,12 +100,9 @@ class GossipPlan:
 
   @property
   def receives(self) -> np.ndarray:
-    """[M] int: messages worker i receives per application (= sends)."""
-    recv = np.zeros(self.num_workers, dtype=np.int64)
-    for perm in self.perms:
-      for s, d in perm:
-        recv[d] += s != d
-    return recv
+    """[M] int: messages worker i receives per application: its sends, since a worker
+    moved by a permutation both sends and receives one message in it."""
+    return self.sends
 
   def to_dense(self) -> np.ndarray:
     """Returns the [M, M] mixing matrix this plan applies."""
