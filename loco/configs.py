@@ -154,7 +154,7 @@ def _unknown(key: str) -> ConfigError:
   while i < len(parts) - 1 and '.'.join(parts[:i + 1]) in _sections():
     i += 1
   section = '.'.join(parts[:i])
-  if section + ('.' if section else '') + parts[i] in schema() and i < len(parts) - 1:
+  if i < len(parts) - 1 and '.'.join(parts[:i + 1]) in schema():
     return ConfigError(f'unknown config key {key}: {".".join(parts[:i + 1])} is a value, '
                        'not a group of keys')
   siblings = _children(section)
@@ -192,14 +192,6 @@ def _kind_error(key: str, value: Any) -> ConfigError:
   if kind is list and key in _LIST_EXAMPLE:
     return ConfigError(f'{key} must be a list such as {_LIST_EXAMPLE[key]}, got {value!r}.')
   return ConfigError(f'{key} must be {_KINDS.get(kind, kind.__name__)}, got {value!r}.')
-
-
-def _check_value(key: str, value: Any) -> None:
-  """Raises ConfigError unless `value` has `key`'s type (base.py) and meets its rule."""
-  _check_type(key, value)
-  rule = CONSTRAINTS.get(key)
-  if value is not None and rule and not _RULES[rule](value):
-    raise ConfigError(f'{key} must be {rule}, got {value!r}.')
 
 
 def _check_type(key: str, value: Any) -> None:
@@ -429,4 +421,7 @@ def validate(config: config_dict.ConfigDict) -> None:
     if key not in present:
       raise ConfigError(f'config key {key} is missing; start the config from '
                         'experiments/base.py, which defines every key.')
-    _check_value(key, present[key])
+    value, rule = present[key], CONSTRAINTS.get(key)
+    _check_type(key, value)
+    if value is not None and rule and not _RULES[rule](value):
+      raise ConfigError(f'{key} must be {rule}, got {value!r}.')
