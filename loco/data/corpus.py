@@ -257,10 +257,8 @@ class LocoCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     for rel in self._spec.files:  # Sorted: independent of the split.
       size, digest = self._digests[rel]
       manifest.update(f'{rel}\0{size}\0{digest}\n'.encode())
-    splits = {}
-    for name, rels in split_files(self._spec.files).items():
-      splits[name] = {'files': len(rels),
-                      'bytes': sum(self._digests[r][0] for r in rels)}
+    splits = {name: {'files': len(rels), 'bytes': sum(self._digests[r][0] for r in rels)}
+              for name, rels in split_files(self._spec.files).items()}
     return {
         'kind': self._spec.kind,
         'root': self._spec.root,
@@ -310,12 +308,6 @@ def _no_progress_bars() -> Iterator[None]:
       tfds.display_progress_bar(active)
 
 
-def _builder(spec: CorpusSpec, data_dir: str) -> tuple[LocoCorpus, bool]:
-  """The builder of `spec` in `data_dir` and whether its dataset is prepared."""
-  builder = LocoCorpus(spec=spec, data_dir=data_dir)
-  return builder, builder.is_prepared()
-
-
 def _download_and_prepare(builder: LocoCorpus) -> None:
   with _no_progress_bars(), tempfile.TemporaryDirectory() as downloads:
     # TFDS wants a download dir even when nothing is downloaded; keep it out
@@ -330,13 +322,13 @@ def prepare(spec: CorpusSpec, data_dir: str) -> LocoCorpus:
   crash never leaves a dataset that looks prepared. A lock file serialises
   concurrent preparations of the same corpus (other processes wait, then reuse).
   """
-  builder, prepared = _builder(spec, data_dir)
-  if prepared:
+  builder = LocoCorpus(spec=spec, data_dir=data_dir)
+  if builder.is_prepared():
     return builder
   if '://' in data_dir:
     # No file locks on object stores; TFDS's rename still keeps it atomic.
     _download_and_prepare(builder)
-    return _builder(spec, data_dir)[0]
+    return LocoCorpus(spec=spec, data_dir=data_dir)
   config_dir = os.path.join(data_dir, BUILDER_NAME, spec.config_name)
   try:
     os.makedirs(config_dir, exist_ok=True)
@@ -345,8 +337,8 @@ def prepare(spec: CorpusSpec, data_dir: str) -> LocoCorpus:
         f'cannot create the data dir {config_dir} (data.data_dir): {e}.') from e
   with open(os.path.join(config_dir, '.lock'), 'w') as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
-    builder, prepared = _builder(spec, data_dir)  # Maybe another process did.
-    if not prepared:
+    builder = LocoCorpus(spec=spec, data_dir=data_dir)
+    if not builder.is_prepared():  # Maybe another process did.
       # Leftovers of a preparation that was killed; we hold the lock.
       for name in os.listdir(config_dir):
         if name.startswith('incomplete.'):
@@ -359,8 +351,8 @@ def prepare(spec: CorpusSpec, data_dir: str) -> LocoCorpus:
             f'cannot prepare {spec.description} in {config_dir}: {e}.') from e
       logging.info('Prepared %s (%d files) in %s in %.1f s.', spec.description,
                    len(spec.files), builder.data_path, time.time() - start)
-  builder, prepared = _builder(spec, data_dir)
-  if not prepared:
+  builder = LocoCorpus(spec=spec, data_dir=data_dir)
+  if not builder.is_prepared():
     raise errors.DataError(
         f'{spec.description} was prepared in {builder.data_path} but is not '
         'readable; delete that folder and retry.')

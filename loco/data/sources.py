@@ -213,13 +213,9 @@ def open_documents(cfg: config_lib.DataConfig, split: str) -> Documents:
 
 def fingerprint(cfg: config_lib.DataConfig) -> dict[str, Any]:
   """Source name, document counts, bytes and a content hash for config.json."""
-  splits = {}
-  docs = {}
-  for split in (cfg.train_split, cfg.eval_split):
-    docs[split] = open_documents(cfg, split)
-    splits[split] = {'docs': len(docs[split])}
-    if docs[split].in_memory:
-      splits[split]['bytes'] = sum(len(t) for t in docs[split].texts)
+  docs = {split: open_documents(cfg, split) for split in (cfg.train_split, cfg.eval_split)}
+  splits = {split: {'docs': len(d), **({'bytes': sum(map(len, d.texts))} if d.in_memory else {})}
+            for split, d in docs.items()}
   if cfg.source == 'tfds':
     info = {'source': 'tfds', 'name': cfg.tfds_name,
             'data_dir': cfg.resolved_data_dir, 'text_key': cfg.text_key,
