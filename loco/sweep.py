@@ -21,8 +21,7 @@ run or the network changed), and the report compares the runs on every network.
 Every run is its own process, `python -m loco.main --config=CONFIG --workdir=OUT/NAME
 --config.KEY=VALUE ...` (config paths are relative to the current directory, the
 repository root), with its output in OUT/NAME/log.txt and its state in
-OUT/NAME/status.json: the command, start and end times, the return code, the last
-error line, the attempts and the wall seconds over all attempts. Running the same
+OUT/NAME/status.json (WORKSPACE.md, Workdirs). Running the same
 command again skips finished runs, re-launches interrupted ones in their workdir
 (`loco.main` resumes them from their last checkpoint) and leaves failed ones alone
 unless `--retry_failed` is given or their command changed. At the end it prints a
@@ -340,7 +339,7 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
   """Runs (or resumes) a sweep in `out`; returns the exit code (0: all finished).
 
   Args:
-    runs: the sweep's runs (`load_spec`).
+    runs: the sweep's runs (`load_spec`, which checks them).
     out: the sweep directory; run `name` has its workdir in `out/name`.
     parallel: runs at once.
     extra: overrides applied to every run after its own (`--set`).
@@ -349,9 +348,9 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
     spec: the spec file, recorded in `out/sweep.json`.
     report: write the report (`loco.report`) at the end.
     stream: where the progress lines go (stdout).
-    retimes: {name: {'network.KEY': value}}: after training, every finished
-      synchronous run is re-timed on each of these networks (`loco.retime`) into
-      `out/RUN/retimed/NAME`, unless that is already done.
+    retimes: {name: {'network.KEY': value}} (`load_retimes`): after training, every
+      finished synchronous run is re-timed on each of these networks (`loco.retime`)
+      into `out/RUN/retimed/NAME`, unless that is already done.
 
   Returns:
     0 if every run finished (and every re-timing worked), 1 if one failed or a dry run
@@ -359,9 +358,7 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
   """
   stream = stream or sys.stdout
   say = lambda text: print(text, file=stream, flush=True)   # noqa: E731
-  check_runs(runs)
   retimes = retimes or {}
-  check_retimes(retimes)
   if parallel < 1:
     raise SweepError(f'--parallel must be >= 1, got {parallel}.')
   cmds = {r.name: command(r, os.path.join(out, r.name), extra) for r in runs}
