@@ -114,15 +114,11 @@ class Workdir:
       self._lock_file = None
 
   def _remove_if_created(self) -> None:
-    if self._created and os.path.isdir(self.path) and self._holds_nothing():
+    # Only if no file but the lock was written (empty folders do not count).
+    if self._created and os.path.isdir(self.path) and all(
+        root == self.path and name == LOCK for root, _, files in os.walk(self.path)
+        for name in files):
       shutil.rmtree(self.path, ignore_errors=True)
-
-  def _holds_nothing(self) -> bool:
-    """True if no file but the lock was written (empty folders do not count)."""
-    for root, _, files in os.walk(self.path):
-      if any(not (root == self.path and name == LOCK) for name in files):
-        return False
-    return True
 
   # What the workdir holds.
 

@@ -49,8 +49,7 @@ def register(name: str, factory: Callable[..., Algorithm]) -> None:
 def settings_of(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
   """The algorithm's keys with their values: `kwargs` over the factory's defaults."""
   params = inspect.signature(REGISTRY[name]).parameters
-  defaults = {k: params[k].default for k in keys_of(name)}
-  return {**defaults, **kwargs}
+  return {**{k: params[k].default for k in keys_of(name)}, **kwargs}
 
 
 def keys_of(name: str) -> list[str]:
