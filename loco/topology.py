@@ -11,13 +11,8 @@ a few static permutations, the form `loco.comm` runs inside
 Random time-varying graphs ("matching", `pairwise_family`) are a fixed, static
 family (a 1-factorization of K_M); each round picks one member by index with
 `lax.switch`, using `Topology.sample_choice_jax`. `resolve_topology` builds what
-a gossip step runs once the number of workers is known.
-
-Conventions (see `Topology` for the formulas):
-  * spectral_gap = 1 - sqrt(lambda_max(E[W^T W]) on 1^perp): the guaranteed
-    per-step contraction of the RMS distance to the mean; for a fixed W it is
-    1 - max_{i>=2} |lambda_i(W)|.
-  * chi1, chi2 follow the A2CiD2 code (communication rates, not W).
+a gossip step runs once the number of workers is known. `Topology.spectral_gap` and
+`chi1`, `chi2` (of the A2CiD2 communication rates, not of W) say how fast it mixes.
 
 References:
   A2CiD2, Nabli et al., arXiv 2306.08289 (chi1, chi2).
@@ -54,10 +49,7 @@ def _frozen(a: np.ndarray) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class GossipPlan:
-  """One gossip step as static permutations.
-
-  `x_i' = self_weight[i] * x_i + sum_k recv_weight[k, i] * recv_k[i]` with
-  `recv_k = lax.ppermute(x, axis_name, perms[k])`.
+  """One gossip step as static permutations (the module docstring's formula).
 
   Every perm is a *full* permutation of range(M): `lax.ppermute` under
   `jax.vmap` requires one (its batching rule asserts len(perm) == axis size).
