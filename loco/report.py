@@ -429,14 +429,11 @@ def _collect(paths: Sequence[str]) -> tuple[list[str], list[str], list[dict]]:
       prefix_names = [os.path.basename(os.path.abspath(path))]
     else:
       prefix = os.path.basename(os.path.abspath(path)) + '/' if len(paths) > 1 else ''
-      prefix_names = [prefix + os.path.relpath(w, path) for w in found]
       sweep = read_json(os.path.join(path, SWEEP)) or {}
-      order = [r['name'] for r in sweep.get('runs', [])]
-      rank = {n: i for i, n in enumerate(order)}
-      pairs = sorted(zip(found, prefix_names),
-                     key=lambda p: (rank.get(os.path.relpath(p[0], path), len(order)), p[1]))
-      found, prefix_names = [p[0] for p in pairs], [p[1] for p in pairs]
-      present = {os.path.relpath(w, path) for w in found}
+      rank = {r['name']: i for i, r in enumerate(sweep.get('runs', []))}
+      present = [os.path.relpath(w, path) for w in found]   # sweep order, then by name
+      present.sort(key=lambda n: (rank.get(n, len(rank)), n))
+      found, prefix_names = [os.path.join(path, n) for n in present], [prefix + n for n in present]
       missing += [dict(name=prefix + r['name'], command=r.get('command'))
                   for r in sweep.get('runs', []) if r['name'] not in present]
     workdirs += found
