@@ -1,6 +1,7 @@
 """The worker axis on a mesh: blocks of workers per device under shard_map, collectives
 proven from the compiled program (the 8 CPU devices of conftest)."""
 
+import functools
 import re
 
 import jax
@@ -64,3 +65,120 @@ def test_psum_all_gather_and_index_across_blocks(m, d):
   want, got, hlo = _two_level(fn, m, d)
   np.testing.assert_array_equal(got, want)
   assert set(COLLECTIVE.findall(hlo)) == {'all-gather'}
+
+
+# Every algorithm's step on an 8-device mesh: what the compiled program sends.
+
+_OP = re.compile(r'=\s*(\(?[^=]*?\)?)\s+(collective-permute|all-gather|all-reduce|'
+                 r'reduce-scatter|all-to-all)(?:-start)?\(')
+_SHAPE = re.compile(r'(f32|bf16|f16|s32|u32|pred|s8|u8)\[([\d,]*)\]')
+_BYTES = {'f32': 4, 's32': 4, 'u32': 4, 'bf16': 2, 'f16': 2, 'pred': 1, 's8': 1, 'u8': 1}
+
+
+def collectives(hlo: str) -> list[tuple[str, int]]:
+  """(kind, result bytes) of each collective in an optimized HLO module."""
+  out = []
+  for shapes, kind in _OP.findall(re.sub(r'/\*.*?\*/', '', hlo)):
+    size = sum(_BYTES[t] * int(np.prod([int(d) for d in dims.split(',') if d] or [1]))
+               for t, dims in _SHAPE.findall(shapes))
+    out.append((kind, size))
+  return out
+
+
+ALGORITHMS = {   # name: (keys, the collective that carries the model, models per step)
+    'ddp': ({}, 'all-reduce'),
+    'diloco': ({'sync_every': 2}, 'all-reduce'),
+    'local_sgd': ({'sync_every': 2}, 'all-reduce'),
+    'streaming_diloco': ({'sync_every': 4, 'num_fragments': 1}, 'all-reduce'),
+    'sparseloco': ({'sync_every': 2}, 'all-reduce'),
+    'gasloc': ({'sync_every': 2, 'topology': 'ring'}, 'collective-permute'),
+    'gasloc_matching': ({'sync_every': 2, 'topology': 'matching'}, 'collective-permute'),
+    'dsgd': ({}, 'collective-permute'),
+    'adpsgd': ({}, 'collective-permute'),
+    'a2cid2': ({}, 'collective-permute'),
+    'noloco': ({'sync_every': 2}, 'collective-permute'),
+}
+
+
+@functools.cache
+def _compiled(name, m=8):
+  """One step of `name` compiled for the 8-device mesh: (hlo, model bytes, compiled,
+  state, grads)."""
+  keys = ALGORITHMS[name][0]
+  from loco import algorithms, model as model_lib, optim
+  from loco.workers import make_mesh, state_shardings
+  mesh = make_mesh(8, m)
+  alg = algorithms.make(name.split('_matching')[0], optim.inner_optimizer(
+      optim.InnerConfig(decay_steps=10)), mesh=mesh, **keys)
+  cfg = model_lib.model_config('nano', vocab_size=64)
+  params = model_lib.init_params(cfg, jax.random.key(0))[1]
+  state = alg.init(params, m, jax.random.key(1))
+  state = jax.device_put(state, state_shardings(state, mesh))
+  grads = jax.device_put(jax.tree.map(jnp.ones_like, state.params),
+                         state_shardings(state, mesh).params)
+  compiled = jax.jit(alg.step).lower(state, grads).compile()
+  return compiled.as_text(), 4 * sum(x.size for x in jax.tree.leaves(params)), compiled, \
+      state, grads
+
+
+def _traffic(hlo: str) -> dict[str, int]:
+  """Bytes per collective kind in the program, data only (operands over 64 bytes)."""
+  totals: dict[str, int] = {}
+  for kind, size in collectives(hlo):
+    if size > 64:
+      totals[kind] = totals.get(kind, 0) + size
+  return totals
+
+
+DEFAULT_RUN = {'ddp', 'diloco', 'gasloc', 'sparseloco'}   # the rest: pytest -m slow
+
+
+@pytest.mark.parametrize('name', [n if n in DEFAULT_RUN else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in sorted(ALGORITHMS)])
+def test_each_algorithm_moves_the_model_by_its_own_collective(name):
+  """Ring and matching gossip are collective-permutes (no all-gather of the model), the
+  all-reduce algorithms an all-reduce: read from the compiled 8-device program."""
+  _, carrier = ALGORITHMS[name]
+  hlo, model_bytes, *_ = _compiled(name)
+  heavy = {kind for kind, size in _traffic(hlo).items() if size >= model_bytes / 2}
+  assert heavy == {carrier}, _traffic(hlo)
+
+
+def _sync_info(step, state, grads, steps):
+  for _ in range(steps):
+    state, info = step(state, grads)
+  return info
+
+
+@pytest.mark.parametrize('name,steps', [
+    ('ddp', 1), ('diloco', 2), ('gasloc', 2),
+    pytest.param('local_sgd', 2, marks=pytest.mark.slow),
+    pytest.param('dsgd', 1, marks=pytest.mark.slow)])
+def test_collective_bytes_agree_with_step_info(name, steps):
+  """What the program sends per device equals what StepInfo reports per worker (one
+  worker per device): the all-reduced tree, or one ring edge per direction."""
+  _, carrier = ALGORITHMS[name]
+  hlo, _, alg, state, grads = _compiled(name)
+  info = _sync_info(alg, state, grads, steps)
+  payload = float(np.asarray(info.payload)[0])
+  sent = _traffic(hlo)[carrier]
+  if carrier == 'collective-permute':      # a ring: one permutation each way
+    assert sent == 2 * payload, (sent, payload)
+    assert float(np.asarray(info.bytes_sent)[0]) == 2 * payload
+  else:
+    assert payload <= sent <= payload + 64, (sent, payload)   # + the alive count
+
+
+@pytest.mark.parametrize('name', ['sparseloco',
+                                  pytest.param('streaming_diloco', marks=pytest.mark.slow)])
+def test_compressed_transport_is_simulated_by_a_dense_float32_reduction(name):
+  """Counted and explained: a compressed collective (SparseLoCo's top-k + 2-bit values,
+  Streaming's E3M0) is simulated as a float32 psum of the decoded values, so the
+  program moves the dense tree while StepInfo reports the compressed payload a real
+  implementation would send."""
+  keys, _ = ALGORITHMS[name]
+  hlo, model_bytes, alg, state, grads = _compiled(name)
+  info = _sync_info(alg, state, grads, keys['sync_every'])
+  reported = float(np.asarray(info.payload).max())
+  dense = _traffic(hlo)['all-reduce']
+  assert 0 < reported < dense / 4 and dense >= model_bytes * 0.8, (reported, dense)
