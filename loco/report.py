@@ -60,15 +60,12 @@ def error_line(log_path: str) -> str | None:
     return None
   starts = [i for i, line in enumerate(lines) if line.startswith('==> loco.sweep')]
   lines = [line for line in lines[starts[-1] + 1 if starts else 0:] if line.strip()]
-  errors = [line for line in lines if line.startswith('loco: error:')]
-  if errors:
-    return errors[-1]
-  return lines[-1].strip() if lines else None
+  candidates = [line for line in lines if line.startswith('loco: error:')] or lines
+  return candidates[-1].strip() if candidates else None
 
 
 def is_workdir(path: str) -> bool:
-  return (os.path.isfile(os.path.join(path, 'config.json'))
-          or os.path.isfile(os.path.join(path, STATUS)))
+  return any(os.path.isfile(os.path.join(path, f)) for f in ('config.json', STATUS))
 
 
 def find_workdirs(path: str) -> list[str]:
@@ -103,18 +100,16 @@ def _names(workdirs: Sequence[str]) -> list[str]:
 def _run(workdir: str, name: str) -> dict[str, Any]:
   """One run's row, without the time-to-target fields."""
   config = (read_json(os.path.join(workdir, 'config.json')) or {}).get('config', {})
-  status = read_status(workdir)
+  status = read_status(workdir) or {}
   records, problem = _metrics(workdir)
   evals = [r for r in records if 'eval_loss' in r]
   last = records[-1] if records else {}
-  state = (status or {}).get('state')
-  error = (status or {}).get('error') or (
-      None if state else error_line(os.path.join(workdir, LOG)))
+  state = status.get('state')
+  error = status.get('error') or (None if state else error_line(os.path.join(workdir, LOG)))
   nonfinite = any(not _finite(r.get(k)) for r in records for k in ('train_loss', 'eval_loss')
                   if k in r)
   diverged = read_json(os.path.join(workdir, DIVERGED))    # written by loco.train
-  if diverged:
-    error = diverged.get('message') or error
+  error = (diverged or {}).get('message') or error
   steps = config.get('steps')
   if diverged or nonfinite or (error and _DIVERGED.search(error) and state != 'finished'):
     result = 'diverged'
@@ -129,13 +124,12 @@ def _run(workdir: str, name: str) -> dict[str, Any]:
       name=name, workdir=workdir,
       algorithm=config.get('algorithm', {}).get('name'),
       status=result, error=error if result != 'finished' else None,
-      command=(status or {}).get('command'),
-      step=last.get('step'), steps=steps,
+      command=status.get('command'), step=last.get('step'), steps=steps,
       final_eval_loss=evals[-1]['eval_loss'] if evals else None,
-      best_eval_loss=min(finite_evals) if finite_evals else None,
+      best_eval_loss=min(finite_evals, default=None),
       tokens=last.get('tokens'), bytes_sent=last.get('bytes_sent'),
       peak_bytes=last.get('peak_bytes'), sim_seconds=last.get('sim_seconds'),
-      wall_seconds=(status or {}).get('seconds'), metrics_problem=problem,
+      wall_seconds=status.get('seconds'), metrics_problem=problem,
       _evals=evals)
 
 
@@ -151,9 +145,8 @@ def _metrics(workdir: str) -> tuple[list[dict[str, Any]], str | None]:
 
 def default_target(rows: Sequence[dict[str, Any]]) -> float | None:
   """The largest final eval loss among finished runs (None if there is none)."""
-  losses = [r['final_eval_loss'] for r in rows
-            if r['status'] == 'finished' and _finite(r['final_eval_loss'])]
-  return max(losses) if losses else None
+  return max((r['final_eval_loss'] for r in rows
+              if r['status'] == 'finished' and _finite(r['final_eval_loss'])), default=None)
 
 
 def summarize(workdirs: Sequence[str], target: float | None = None,
@@ -179,14 +172,10 @@ def summarize(workdirs: Sequence[str], target: float | None = None,
   if target is None:
     target = default_target(rows)
   for row in rows:
-    evals = row.pop('_evals')
-    hit = None
-    if target is not None:
-      hit = next((r for r in evals if _finite(r['eval_loss']) and r['eval_loss'] <= target),
-                 None)
-    at = lambda key: hit.get(key) if hit else None   # noqa: E731
-    row.update(target=target, target_step=at('step'), target_tokens=at('tokens'),
-               target_bytes=at('bytes_sent'), target_sim_seconds=at('sim_seconds'))
+    hit = next((r for r in row.pop('_evals') if target is not None
+                and _finite(r['eval_loss']) and r['eval_loss'] <= target), {})
+    row.update(target=target, target_step=hit.get('step'), target_tokens=hit.get('tokens'),
+               target_bytes=hit.get('bytes_sent'), target_sim_seconds=hit.get('sim_seconds'))
   return rows
 
 
@@ -211,7 +200,7 @@ def plot_runs(workdirs: Sequence[str], out_dir: str, labels: Sequence[str] | Non
   from matplotlib import pyplot as plt
 
   labels = list(labels) if labels is not None else _names(workdirs)
-  series = _eval_series(workdirs, labels)
+  series = _eval_series(zip(labels, workdirs))
   if not series:
     return []
   os.makedirs(out_dir, exist_ok=True)
@@ -229,9 +218,8 @@ def plot_runs(workdirs: Sequence[str], out_dir: str, labels: Sequence[str] | Non
     if target is not None:
       ax.axhline(target, color='gray', linestyle='--', linewidth=1,
                  label=f'target {target:.4f}')
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel('eval loss (worker-averaged model)')
-    ax.set_title(f'eval loss vs {xlabel}')
+    ax.set(xlabel=xlabel, ylabel='eval loss (worker-averaged model)',
+           title=f'eval loss vs {xlabel}')
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize='small')
     fig.tight_layout()
@@ -242,23 +230,17 @@ def plot_runs(workdirs: Sequence[str], out_dir: str, labels: Sequence[str] | Non
   return written
 
 
-def _eval_series(workdirs, labels) -> list[tuple[str, list[dict[str, Any]]]]:
-  """(label, its finite eval records) of every workdir that has some."""
-  series = []
-  for workdir, label in zip(workdirs, labels):
-    evals = [r for r in _metrics(workdir)[0] if 'eval_loss' in r and _finite(r['eval_loss'])]
-    if evals:
-      series.append((label, evals))
-  return series
+def _eval_series(pairs) -> list[tuple[str, list[dict[str, Any]]]]:
+  """(label, its finite eval records) of every (label, workdir) that has some."""
+  series = [(label, [r for r in _metrics(w)[0] if _finite(r.get('eval_loss'))])
+            for label, w in pairs]
+  return [(label, evals) for label, evals in series if evals]
 
 
 def networks(rows: Sequence[dict[str, Any]], order: Sequence[str] = ()
              ) -> dict[str, list[tuple[str, str]]]:
   """{network: [(run name, workdir)]}: the runs as trained (if any has simulated time),
   then each re-timing (`loco.retime`), in `order` first, then by name."""
-  clocked = [(r['name'], r['workdir']) for r in rows
-             if _finite(r['sim_seconds']) and r['sim_seconds'] > 0]
-  out = {AS_TRAINED: clocked} if clocked else {}
   found = {}
   for r in rows:
     root = os.path.join(r['workdir'], RETIMED)
@@ -267,9 +249,10 @@ def networks(rows: Sequence[dict[str, Any]], order: Sequence[str] = ()
         found.setdefault(name, []).append((r['name'], os.path.join(root, name)))
   if not found:
     return {}
-  for name in [n for n in order if n in found] + sorted(set(found) - set(order)):
-    out[name] = found[name]
-  return out
+  clocked = [(r['name'], r['workdir']) for r in rows
+             if _finite(r['sim_seconds']) and r['sim_seconds'] > 0]
+  names = [n for n in order if n in found] + sorted(set(found) - set(order))
+  return {**({AS_TRAINED: clocked} if clocked else {}), **{n: found[n] for n in names}}
 
 
 def network_table(by_network: dict[str, list[tuple[str, str]]], target: float | None
@@ -302,8 +285,7 @@ def plot_networks(by_network: dict[str, list[tuple[str, str]]], path: str,
 
   runs = list(dict.fromkeys(name for pairs in by_network.values() for name, _ in pairs))
   colors = {name: f'C{i % 10}' for i, name in enumerate(runs)}
-  panels = [(network, _eval_series([w for _, w in pairs], [n for n, _ in pairs]))
-            for network, pairs in by_network.items()]
+  panels = [(network, _eval_series(pairs)) for network, pairs in by_network.items()]
   panels = [(network, series) for network, series in panels if series]
   if not panels:
     return None
@@ -379,10 +361,9 @@ COLUMNS = (
 
 
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
-  lines = ['| ' + ' | '.join(h for h, _ in COLUMNS) + ' |',
-           '|' + '---|' * len(COLUMNS)]
-  for r in rows:
-    lines.append('| ' + ' | '.join(str(f(r)).replace('|', '\\|') for _, f in COLUMNS) + ' |')
+  lines = ['| ' + ' | '.join(h for h, _ in COLUMNS) + ' |', '|' + '---|' * len(COLUMNS)]
+  lines += ['| ' + ' | '.join(str(f(r)).replace('|', '\\|') for _, f in COLUMNS) + ' |'
+            for r in rows]
   return '\n'.join(lines)
 
 
@@ -390,11 +371,9 @@ def text_table(rows: Sequence[dict[str, Any]]) -> str:
   """The table as plain aligned text (numbers right-aligned)."""
   cells = [[h for h, _ in COLUMNS]] + [[str(f(r)) for _, f in COLUMNS] for r in rows]
   widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-  lines = []
-  for row in cells:
-    parts = [c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))]
-    lines.append('  '.join(parts).rstrip())
-  return '\n'.join(lines)
+  align = [str.ljust] * 3 + [str.rjust] * (len(COLUMNS) - 3)
+  return '\n'.join('  '.join(a(c, w) for a, c, w in zip(align, row, widths)).rstrip()
+                   for row in cells)
 
 
 def _target_line(rows, given: bool) -> str:
@@ -424,20 +403,19 @@ def _collect(paths: Sequence[str]) -> tuple[list[str], list[str], list[dict]]:
   for path in paths:
     if not os.path.isdir(path):
       raise FileNotFoundError(f'{path} is not a directory.')
-    found = find_workdirs(path)
     if is_workdir(path):
-      prefix_names = [os.path.basename(os.path.abspath(path))]
-    else:
-      prefix = os.path.basename(os.path.abspath(path)) + '/' if len(paths) > 1 else ''
-      sweep = read_json(os.path.join(path, SWEEP)) or {}
-      rank = {r['name']: i for i, r in enumerate(sweep.get('runs', []))}
-      present = [os.path.relpath(w, path) for w in found]   # sweep order, then by name
-      present.sort(key=lambda n: (rank.get(n, len(rank)), n))
-      found, prefix_names = [os.path.join(path, n) for n in present], [prefix + n for n in present]
-      missing += [dict(name=prefix + r['name'], command=r.get('command'))
-                  for r in sweep.get('runs', []) if r['name'] not in present]
-    workdirs += found
-    names += prefix_names
+      workdirs.append(path)
+      names.append(os.path.basename(os.path.abspath(path)))
+      continue
+    prefix = os.path.basename(os.path.abspath(path)) + '/' if len(paths) > 1 else ''
+    runs = (read_json(os.path.join(path, SWEEP)) or {}).get('runs', [])
+    rank = {r['name']: i for i, r in enumerate(runs)}
+    present = sorted((os.path.relpath(w, path) for w in find_workdirs(path)),
+                     key=lambda n: (rank.get(n, len(rank)), n))   # sweep order, then by name
+    workdirs += [os.path.join(path, n) for n in present]
+    names += [prefix + n for n in present]
+    missing += [dict(name=prefix + r['name'], command=r.get('command'))
+                for r in runs if r['name'] not in present]
   return workdirs, names, missing
 
 
@@ -457,26 +435,23 @@ def write_report(paths: Sequence[str], out: str | None = None,
   if out is None:
     out = paths[0] if not is_workdir(paths[0]) else 'report'
   rows = summarize(workdirs, target, names)
-  pngs = plot_runs(workdirs, out, names, rows[0]['target'] if rows else target)
-  counts = collections.Counter(r['status'] for r in rows)
-  if missing:
-    counts['not started'] = len(missing)
+  target_used = rows[0]['target'] if rows else target
+  pngs = plot_runs(workdirs, out, names, target_used)
+  counts = collections.Counter([r['status'] for r in rows] + ['not started'] * len(missing))
   count_line = f'{len(rows) + len(missing)} runs: ' + ', '.join(
       f'{n} {s}' for s, n in sorted(counts.items()))
   problems = _problems(rows) + [f'`{m["name"]}` (not started)' for m in missing]
   order = [n for p in paths for n in (read_json(os.path.join(p, SWEEP)) or {}).get('retimes', {})]
   by_network = networks(rows, order)
-  target_used = rows[0]['target'] if rows else target
   lines = [f'# Report: {", ".join(paths)}', '', count_line + '.', '',
            _target_line(rows, target is not None), '', markdown_table(rows), '',
            'Bytes are per worker (cumulative); "sim s" is the simulated wall-clock on the '
            'configured network (— without one); "wall s" is the measured time over all '
            'attempts (— if unknown).', '', '## Plots', '']
-  if pngs:
-    for p in pngs:
-      title = os.path.splitext(os.path.basename(p))[0].replace('_', ' ')
-      lines += [f'![{title}]({os.path.relpath(p, out)})', '']
-  else:
+  for p in pngs:
+    title = os.path.splitext(os.path.basename(p))[0].replace('_', ' ')
+    lines += [f'![{title}]({os.path.relpath(p, out)})', '']
+  if not pngs:
     lines += ['No eval loss to plot yet.', '']
   if by_network:
     png = plot_networks(by_network, os.path.join(out, NETWORKS_PNG), target_used)
@@ -488,9 +463,8 @@ def write_report(paths: Sequence[str], out: str | None = None,
               table, '']
     if png:
       lines += [f'![eval loss vs simulated seconds, per network]({NETWORKS_PNG})', '']
-  lines += ['## Problems: failed, diverged, incomplete and unstarted runs, damaged metrics',
-            '']
-  lines += [f'- {p}' for p in problems] or ['None.']
+  lines += ['## Problems: failed, diverged, incomplete and unstarted runs, damaged metrics', '',
+            *([f'- {p}' for p in problems] or ['None.'])]
   commands = [(r['name'], r['command']) for r in rows + missing if r.get('command')]
   if commands:
     lines += ['', '## Commands', '']
