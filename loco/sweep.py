@@ -100,8 +100,9 @@ def grid(config: str | Sequence[str], name_format: str,
   leaves = [key.rsplit('.', 1)[-1] for key in axes]
   runs = []
   for cfg, values in itertools.product(configs, itertools.product(*axes.values())):
-    fields = dict(zip(leaves, values))
-    fields['config'] = _config_label(cfg)
+    path, _, variant = cfg.partition(':')
+    stem = os.path.splitext(os.path.basename(path))[0]
+    fields = dict(zip(leaves, values), config=f'{stem}-{variant}' if variant else stem)
     try:
       name = name_format.format(*values, **fields)
     except (KeyError, IndexError) as e:
@@ -111,13 +112,8 @@ def grid(config: str | Sequence[str], name_format: str,
   return runs
 
 
-def _config_label(config: str) -> str:
-  path, _, variant = config.partition(':')
-  stem = os.path.splitext(os.path.basename(path))[0]
-  return f'{stem}-{variant}' if variant else stem
-
-
-def _spec_module(path: str):
+def _spec_call(path: str, function: str, missing: Any = None) -> Any:
+  """`function()` of the spec file, its errors as one SweepError; `missing` if undefined."""
   if not os.path.isfile(path):
     raise SweepError(f'the sweep spec {path} does not exist.')
   if os.getcwd() not in sys.path:   # specs and configs import experiments.*
@@ -128,10 +124,10 @@ def _spec_module(path: str):
     module_spec.loader.exec_module(module)
   except Exception as e:  # the spec's own error, as one line
     raise SweepError(f'the sweep spec {path} raised {type(e).__name__}: {e}') from None
-  return module
-
-
-def _call(path: str, module, function: str):
+  if not callable(getattr(module, function, None)):
+    if missing is None:
+      raise SweepError(f'the sweep spec {path} does not define {function}().')
+    return missing
   try:
     return getattr(module, function)()
   except SweepError:
@@ -142,20 +138,14 @@ def _call(path: str, module, function: str):
 
 def load_spec(path: str) -> list[Run]:
   """The runs of a spec file (its `get_sweep()`), checked for names and values."""
-  module = _spec_module(path)
-  if not callable(getattr(module, 'get_sweep', None)):
-    raise SweepError(f'the sweep spec {path} does not define get_sweep().')
-  runs = list(_call(path, module, 'get_sweep'))
+  runs = list(_spec_call(path, 'get_sweep'))
   check_runs(runs)
   return runs
 
 
 def load_retimes(path: str) -> dict[str, dict[str, Any]]:
   """The re-timings of a spec file: its `get_retimes()`, or {} if it has none."""
-  module = _spec_module(path)
-  if not callable(getattr(module, 'get_retimes', None)):
-    return {}
-  retimes = _call(path, module, 'get_retimes')
+  retimes = _spec_call(path, 'get_retimes', missing={})
   check_retimes(retimes)
   return dict(retimes)
 
@@ -249,16 +239,12 @@ def _now() -> str:
   return datetime.datetime.now().isoformat(timespec='seconds')
 
 
-def _same_command(a: Sequence[str], b: Sequence[str]) -> bool:
-  return list(a[1:]) == list(b[1:])   # the interpreter path may differ between hosts
-
-
 def _plan(run: Run, cmd: list[str], workdir: str, retry_failed: bool) -> tuple[str, str]:
   """(action, reason): action is 'skip', 'start' or 'resume'."""
   status = read_status(workdir)
   if status is None:
     return ('resume', 'no status.json') if os.path.isdir(workdir) else ('start', '')
-  changed = not _same_command(status.get('command', []), cmd)
+  changed = status.get('command', [])[1:] != cmd[1:]   # the interpreter may differ by host
   if status.get('state') == 'finished':
     note = ' (with a different command; delete its workdir to re-run)' if changed else ''
     return 'skip', f'finished before{note}'
@@ -275,8 +261,7 @@ class _Stop(Exception):
   """SIGTERM or SIGHUP reached the launcher."""
 
 
-def _raise_stop(signum, frame):
-  del frame
+def _raise_stop(signum, _):
   raise _Stop(signal.Signals(signum).name)
 
 
@@ -310,15 +295,11 @@ class _Active:
     self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
     self.status['pid'] = self.proc.pid
-    self._write()
+    write_json(os.path.join(workdir, STATUS), self.status)
 
-  def _write(self) -> None:
-    write_json(os.path.join(self.workdir, STATUS), self.status)
-
-  def finish(self, returncode: int | None, interrupted: bool = False) -> str:
+  def finish(self, code: int | None, interrupted: bool = False) -> str:
     """Records the end of this attempt; returns the state."""
     self.log.close()
-    code = returncode
     if interrupted or code is None or code < 0:
       state = 'interrupted'
       error = f'killed by signal {-code}' if code is not None and code < 0 else 'interrupted'
@@ -328,7 +309,7 @@ class _Active:
       state, error = 'failed', error_line(os.path.join(self.workdir, LOG))
     self.status.update(state=state, end=_now(), returncode=code, error=error,
                        seconds=round(self.status['seconds'] + time.time() - self.t0, 1))
-    self._write()
+    write_json(os.path.join(self.workdir, STATUS), self.status)
     return state
 
 
@@ -382,15 +363,10 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
             for r in runs]))
 
   t0 = time.time()
-  results: dict[str, str] = {}
-  todo = []
-  for r in runs:
-    action, reason = plans[r.name]
-    if action == 'skip':
-      results[r.name] = 'skipped'
-      say(f'skip    {r.name:<{width}}  {reason}')
-    else:
-      todo.append(r)
+  results = {r.name: 'skipped' for r in runs if plans[r.name][0] == 'skip'}
+  for name in results:
+    say(f'skip    {name:<{width}}  {plans[name][1]}')
+  todo = [r for r in runs if r.name not in results]
   active: list[_Active] = []
   code = 0
   old_handlers = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGHUP)}
@@ -401,13 +377,9 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
         active.append(_Active(r, cmds[r.name], os.path.join(out, r.name)))
         say(f'{plans[r.name][0]:<7} {r.name:<{width}}  {plans[r.name][1]}'.rstrip())
       time.sleep(0.2)
-      for a in list(active):
-        returncode = a.proc.poll()
-        if returncode is None:
-          continue
+      for a in [a for a in active if a.proc.poll() is not None]:
         active.remove(a)
-        state = a.finish(returncode)
-        results[a.run.name] = state
+        state = results[a.run.name] = a.finish(a.proc.returncode)
         detail = f'{a.status["seconds"]:.0f} s' if state == 'finished' else a.status['error']
         say(f'{state:<7} {a.run.name:<{width}}  {detail}')
   except (KeyboardInterrupt, _Stop) as e:
