@@ -128,4 +128,5 @@ def get_config() -> config_dict.ConfigDict:
 
   c.mesh = config_dict.ConfigDict()
   c.mesh.workers = 1                # devices the worker axis is sharded over; 1: vmap on one device
+  c.mesh.fsdp = 1                   # devices each worker's state and batch are sharded over (FSDP)
   return c

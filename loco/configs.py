@@ -92,6 +92,7 @@ CONSTRAINTS = {
     'eval.batch_size': '>= 1',
     'checkpoint.keep': '>= 1',
     'mesh.workers': '>= 1',
+    'mesh.fsdp': '>= 1',
 }
 
 _RULES = {

@@ -52,12 +52,13 @@ class RunConfig:
   checkpoint_every: int
   checkpoint_keep: int
   mesh_workers: int
+  mesh_fsdp: int
   grad_mode: str
   progress: bool
 
   def __post_init__(self):
     for key in ('num_workers', 'steps', 'batch_per_worker', 'seq_len', 'log_every',
-                'eval_batches', 'eval_batch_size', 'mesh_workers'):
+                'eval_batches', 'eval_batch_size', 'mesh_workers', 'mesh_fsdp'):
       if getattr(self, key) < 1:
         raise ConfigError(f'{_config_key(key)} must be >= 1, got {getattr(self, key)}.')
     if self.grad_mode not in workers.GRAD_MODES:
@@ -103,7 +104,7 @@ def parse_config(config: ml_collections.ConfigDict) -> Experiment:
       eval_every=c.eval.every, eval_batches=c.eval.batches,
       eval_batch_size=c.eval.batch_size, eval_per_worker=c.eval.per_worker,
       checkpoint_every=c.checkpoint.every, checkpoint_keep=c.checkpoint.keep,
-      mesh_workers=c.mesh.workers, grad_mode=c.grad_mode, progress=c.progress)
+      mesh_workers=c.mesh.workers, mesh_fsdp=c.mesh.fsdp, grad_mode=c.grad_mode, progress=c.progress)
   data = data_lib.DataConfig(**c.data)
   model_overrides = _set(c.model)
   preset = model_overrides.pop('preset')
@@ -165,7 +166,10 @@ def make_train_chunk(algorithm: Algorithm, model_cfg, graphdef, mesh=None,
       skip = lambda state, *_: (state, jax.tree.map(
           lambda s: jnp.zeros(s.shape, s.dtype), out_shape))
       return jax.lax.cond(valid, one_step, skip, state, batch_MxBxL, ctx)
-    return jax.lax.scan(body, state, (batches_KxMxBxL, contexts, valid_K))
+    state, outputs = jax.lax.scan(body, state, (batches_KxMxBxL, contexts, valid_K))
+    if mesh is not None:   # the state leaves placed as it came, so its donation is reused
+      state = jax.lax.with_sharding_constraint(state, workers.state_shardings(state, mesh))
+    return state, outputs
 
   return jax.jit(train_chunk, donate_argnums=0)
 
@@ -345,7 +349,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   clock = _Phases(timings)
   exp = parse_config(config)
   r = exp.run
-  mesh = workers.make_mesh(r.mesh_workers, r.num_workers)
+  mesh = workers.make_mesh(r.mesh_workers, r.num_workers, r.mesh_fsdp)
   algorithm = build_algorithm(exp, mesh)
   clock.lap('config')
   is_main = jax.process_index() == 0
@@ -456,7 +460,7 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
   batches_shape = (chunk_len, r.num_workers, r.batch_per_worker, r.seq_len + 1)
   ahead = _CompileAhead(train_chunk.lower(
       abstract_state,
-      jax.ShapeDtypeStruct(batches_shape, jnp.int32, sharding=workers.steps_sharding(mesh)),
+      jax.ShapeDtypeStruct(batches_shape, jnp.int32, sharding=workers.steps_sharding(mesh, r.batch_per_worker)),
       None if timeline is None else _pad_steps(timeline.contexts(0, 1), chunk_len),
       jax.ShapeDtypeStruct((chunk_len,), jnp.bool_)))
   state = init(key)

@@ -20,6 +20,7 @@ from loco.comm.axis import BLOCK, WORKERS
 from loco.errors import ConfigError
 
 PyTree = Any
+FSDP = 'fsdp'   # the mesh axis each worker's state and batch are sharded over
 
 
 def replicate(tree: PyTree, num_workers: int) -> PyTree:
@@ -109,31 +110,48 @@ def worker_spread(tree_MxP: PyTree) -> jax.Array:
   return jnp.sqrt(dist2 / num) / jnp.maximum(jnp.sqrt(norm2), 1e-12)
 
 
-def make_mesh(num_devices: int, num_workers: int) -> Mesh | None:
-  """A 1-D mesh of `num_devices` devices on the "workers" axis; None for 1 device."""
-  if num_devices <= 1:
+def make_mesh(num_devices: int, num_workers: int, fsdp: int = 1) -> Mesh | None:
+  """A `num_devices` x `fsdp` mesh of axes ("workers", "fsdp"); None for one device.
+
+  Worker blocks are spread over "workers"; each worker's state and batch are sharded
+  over the `fsdp` devices of its row (its gradients reduced among them).
+  """
+  if num_devices * fsdp <= 1:
     return None
   available = len(jax.devices())
-  if num_devices > available:
-    raise ConfigError(f'mesh.workers={num_devices} devices requested but only '
-                      f'{available} are available.')
+  if num_devices * fsdp > available:
+    raise ConfigError(f'mesh.workers x mesh.fsdp = {num_devices} x {fsdp} devices '
+                      f'requested but only {available} are available.')
   if num_workers % num_devices:
     raise ConfigError(f'num_workers={num_workers} must be divisible by '
                       f'mesh.workers={num_devices} to shard the worker axis.')
-  devices = np.array(jax.devices()[:num_devices])
-  return Mesh(devices, (WORKERS,),
-              axis_types=(jax.sharding.AxisType.Auto,))
+  devices = np.array(jax.devices()[:num_devices * fsdp]).reshape(num_devices, fsdp)
+  return Mesh(devices, (WORKERS, FSDP), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+
+
+def _fsdp_dim(shape: tuple[int, ...], size: int) -> int | None:
+  """The largest dimension of one worker's leaf that `size` devices divide (or None)."""
+  dims = [d for d in range(len(shape)) if shape[d] % size == 0 and shape[d] >= size]
+  return max(dims, key=lambda d: shape[d], default=None) if size > 1 else None
+
+
+def worker_spec(shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+  """A worker-stacked leaf's spec: its leading axis on "workers", its largest
+  divisible dimension on "fsdp" (the rest replicated)."""
+  if not shape:
+    return PartitionSpec()
+  spec = [WORKERS] + [None] * (len(shape) - 1)
+  dim = _fsdp_dim(shape[1:], mesh.shape.get(FSDP, 1))
+  if dim is not None:
+    spec[dim + 1] = FSDP
+  return PartitionSpec(*spec)
 
 
 def worker_sharding(mesh: Mesh | None, tree: PyTree) -> PyTree:
-  """Shardings placing each leaf's leading axis on the mesh's "workers" axis."""
+  """Shardings of a worker-stacked tree (`worker_spec` per leaf; None without a mesh)."""
   if mesh is None:
     return None
-  def spec(x):
-    if jnp.ndim(x) == 0:
-      return NamedSharding(mesh, PartitionSpec())
-    return NamedSharding(mesh, PartitionSpec(WORKERS))
-  return jax.tree.map(spec, tree)
+  return jax.tree.map(lambda x: NamedSharding(mesh, worker_spec(jnp.shape(x), mesh)), tree)
 
 
 def shard(tree: PyTree, mesh: Mesh | None) -> PyTree:
@@ -143,20 +161,25 @@ def shard(tree: PyTree, mesh: Mesh | None) -> PyTree:
   return jax.device_put(tree, worker_sharding(mesh, tree))
 
 
-def steps_sharding(mesh: Mesh | None) -> NamedSharding | None:
-  """The sharding of a [steps, workers, ...] array: the workers axis on the mesh."""
-  return None if mesh is None else NamedSharding(mesh, PartitionSpec(None, WORKERS))
+def steps_sharding(mesh: Mesh | None, batch_per_worker: int = 1) -> NamedSharding | None:
+  """The sharding of a [steps, workers, batch, ...] array: workers on "workers", each
+  worker's batch over "fsdp" where it divides."""
+  if mesh is None:
+    return None
+  fsdp = mesh.shape.get(FSDP, 1)
+  return NamedSharding(mesh, PartitionSpec(
+      None, WORKERS, FSDP if fsdp > 1 and batch_per_worker % fsdp == 0 else None))
 
 
 def shard_steps(batches_KxM, mesh: Mesh | None):
-  """Places a [steps, workers, ...] array of batches: the workers axis on the mesh."""
+  """Places a [steps, workers, batch, ...] array of batches (`steps_sharding`)."""
   if mesh is None:
     return batches_KxM
-  return jax.device_put(batches_KxM, steps_sharding(mesh))
+  return jax.device_put(batches_KxM, steps_sharding(mesh, batches_KxM.shape[2]))
 
 
 def state_shardings(state, mesh: Mesh | None):
-  """Shardings of a LocoState: per-worker fields on the workers axis, step and key
+  """Shardings of a LocoState: per-worker fields by `worker_spec`, step and key
   replicated (None without a mesh)."""
   if mesh is None:
     return None

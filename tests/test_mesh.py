@@ -182,3 +182,62 @@ def test_compressed_transport_is_simulated_by_a_dense_float32_reduction(name):
   reported = float(np.asarray(info.payload).max())
   dense = _traffic(hlo)['all-reduce']
   assert 0 < reported < dense / 4 and dense >= model_bytes * 0.8, (reported, dense)
+
+
+# A workers x fsdp mesh: each worker's state sharded over its row of devices.
+
+def _groups(line: str) -> list[tuple[int, ...]]:
+  """The replica groups of one HLO collective (explicit or iota form)."""
+  explicit = re.search(r'replica_groups=\{(\{[\d,{}]*\})\}', line)
+  if explicit:
+    return [tuple(int(i) for i in g.split(',')) for g in re.findall(r'\{([\d,]+)\}',
+                                                                     explicit.group(1))]
+  iota = re.search(r'replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?', line)
+  shape, dims, perm = (tuple(int(i) for i in s.split(',')) if s else None
+                       for s in iota.groups())
+  ids = np.arange(np.prod(dims)).reshape(dims)
+  return [tuple(g) for g in (ids.transpose(perm) if perm else ids).reshape(shape).tolist()]
+
+
+def test_a_workers_x_fsdp_step_shards_the_state_and_splits_the_traffic():
+  """DiLoCo's sync step on 2 x 4 devices (4 workers, 2 per row): every device holds
+  1/8 of the state; parameters are gathered and gradients reduced inside a row (the
+  fsdp groups), and the outer all-reduce runs between rows (the workers groups), each
+  device sending its quarter of the pseudo-gradient."""
+  from experiments import base
+  from loco import train, workers
+  c = base.get_config()
+  c.model.preset, c.model.vocab_size = 'nano', 256
+  c.num_workers, c.batch_per_worker, c.seq_len = 4, 4, 32
+  c.algorithm.name, c.algorithm.sync_every = 'diloco', 1
+  c.mesh.workers, c.mesh.fsdp = 2, 4
+  exp = train.parse_config(c)
+  mesh = workers.make_mesh(2, 4, 4)
+  assert dict(mesh.shape) == {'workers': 2, 'fsdp': 4}
+  algorithm = train.build_algorithm(exp, mesh)
+  graphdef, init, abstract = train.init_state(exp, algorithm, jax.random.key(0), mesh)
+  chunk = train.make_train_chunk(algorithm, exp.model, graphdef, mesh, 'vmap')
+  batches = jax.ShapeDtypeStruct((1, 4, 4, 33), jnp.int32,
+                                 sharding=workers.steps_sharding(mesh, 4))
+  compiled = chunk.lower(abstract, batches, None,
+                         jax.ShapeDtypeStruct((1,), jnp.bool_)).compile()
+  total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract))
+  assert compiled.memory_analysis().argument_size_in_bytes <= total / 8 + 4096
+  assert init.lower(jax.random.key(0)).compile().memory_analysis(
+      ).output_size_in_bytes <= total / 8 + 4096
+
+  rows, columns = {(0, 1, 2, 3), (4, 5, 6, 7)}, {(0, 4), (1, 5), (2, 6), (3, 7)}
+  by_groups: dict[tuple[str, str], int] = {}
+  for line in compiled.as_text().splitlines():
+    for (kind, size) in collectives(line):
+      if size > 64:
+        groups = set(_groups(line))
+        where = 'fsdp' if groups == rows else 'workers' if groups == columns else str(groups)
+        by_groups[kind, where] = by_groups.get((kind, where), 0) + size
+  assert set(by_groups) <= {('all-gather', 'fsdp'), ('all-reduce', 'fsdp'),
+                            ('reduce-scatter', 'fsdp'), ('all-to-all', 'fsdp'),
+                            ('all-reduce', 'workers')}, by_groups
+  model_bytes = 4 * sum(x.size for x in jax.tree.leaves(abstract.params)) / 4   # one worker
+  assert ('all-gather', 'fsdp') in by_groups          # FSDP: parameters gathered in a row
+  outer = by_groups['all-reduce', 'workers']           # 2 workers' quarters, summed locally
+  assert model_bytes / 4 <= outer <= model_bytes / 4 + 64, (outer, model_bytes)

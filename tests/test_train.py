@@ -126,20 +126,33 @@ def test_cli_unknown_key_and_bad_value_fail_in_one_line(tmp_path):
   assert 'Traceback' not in out.stderr
 
 
-def test_mesh_run_matches_the_vmap_run(nano_config, tmp_path):
-  """The worker axis sharded over 4 of the in-process CPU devices gives the one-device numbers."""
+def _diloco_run(nano_config, path, mesh_workers=1, fsdp=1):
   import copy
+  c = copy.deepcopy(nano_config)
+  c.algorithm.name = 'diloco'
+  c.algorithm.sync_every = 3
+  c.num_workers = 4
+  c.batch_per_worker = 4
+  c.mesh.workers, c.mesh.fsdp = mesh_workers, fsdp
+  return train.run(c, str(path))
+
+
+@pytest.fixture(scope='module')
+def one_device_diloco(small_corpus_glob, data_dir, tmp_path_factory):
+  from tests.nano import make_nano_config
+  return _diloco_run(make_nano_config(small_corpus_glob, data_dir),
+                     tmp_path_factory.mktemp('one'))
+
+
+@pytest.mark.parametrize('mesh_workers,fsdp', [(4, 1), (4, 2), (2, 4)])
+def test_mesh_run_matches_the_vmap_run(nano_config, one_device_diloco, tmp_path,
+                                       mesh_workers, fsdp):
+  """The worker axis over `mesh_workers` of the 8 in-process CPU devices, each worker's
+  state and batch over `fsdp` (workers x fsdp), gives the one-device numbers."""
   import jax
-  assert len(jax.devices()) >= 4, 'tests/conftest.py gives JAX 8 CPU devices'
-  results = []
-  for devices in (1, 4):     # mesh.workers=4: a mesh of the first 4 devices
-    c = copy.deepcopy(nano_config)
-    c.algorithm.name = 'diloco'
-    c.algorithm.sync_every = 3
-    c.num_workers = 4
-    c.mesh.workers = devices
-    results.append(train.run(c, str(tmp_path / f'mesh{devices}')))
-  one, mesh = results
+  assert len(jax.devices()) >= 8, 'tests/conftest.py gives JAX 8 CPU devices'
+  one = one_device_diloco
+  mesh = _diloco_run(nano_config, tmp_path, mesh_workers, fsdp)
   assert one['bytes_sent'] == mesh['bytes_sent'] and one['syncs'] == mesh['syncs']
   np.testing.assert_allclose(mesh['train_loss'], one['train_loss'], rtol=1e-4)
   np.testing.assert_allclose(mesh['eval_loss'], one['eval_loss'], rtol=1e-4)
