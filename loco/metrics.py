@@ -23,20 +23,16 @@ class MetricsWriter:
   def __init__(self, workdir: str, resume_step: int = 0, note=None):
     from tensorboardX.event_file_writer import EventsWriter  # no TensorFlow needed
     self.path = os.path.join(workdir, 'metrics.jsonl')
-    self._truncate_after(resume_step, note or (lambda message: None))
+    # A resumed run redoes the steps after its checkpoint; drop their old lines so the
+    # file reads as one uninterrupted run. Write-then-rename: a crash leaves either file.
+    if os.path.exists(self.path):
+      records, problem = read_metrics_checked(workdir)
+      if problem and note:
+        note(f'{problem} (a crash while writing it); the run goes on without it.')
+      write_jsonl(self.path, [r for r in records if r['step'] <= resume_step])
     self._file = open(self.path, 'a')
     os.makedirs(os.path.join(workdir, 'tensorboard'), exist_ok=True)
     self._tb = EventsWriter(os.path.join(workdir, 'tensorboard', 'events'))
-
-  def _truncate_after(self, step: int, note) -> None:
-    # A resumed run redoes the steps after its checkpoint; drop their old lines so the
-    # file reads as one uninterrupted run. Write-then-rename: a crash leaves either file.
-    if not os.path.exists(self.path):
-      return
-    records, problem = read_metrics_checked(os.path.dirname(self.path))
-    if problem:
-      note(f'{problem} (a crash while writing it); the run goes on without it.')
-    write_jsonl(self.path, [r for r in records if r['step'] <= step])
 
   def write(self, record: dict[str, Any]) -> None:
     append_jsonl(self._file, [record])
@@ -140,11 +136,10 @@ class ProgressBar:
       text += f'  eval {eval_loss:.3f}'
     if self.tty:
       self.stream.write('\r' + text + ' ' * 4)
-      self.stream.flush()
     elif time.time() - self._last_plain > 10 or step >= self.total or eval_loss is not None:
       self._last_plain = time.time()
       self.stream.write(text + '\n')
-      self.stream.flush()
+    self.stream.flush()
 
   def close(self) -> None:
     if self.enabled and self.tty:

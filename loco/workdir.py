@@ -125,9 +125,6 @@ class Workdir:
   def file(self, name: str) -> str:
     return os.path.join(self.path, name)
 
-  def stored_config(self) -> dict[str, Any] | None:
-    return (read_json(self.file(CONFIG)) or {}).get('config')
-
   def diverged(self) -> dict[str, Any] | None:
     return read_json(self.file(DIVERGED))
 
@@ -143,7 +140,7 @@ class Workdir:
 
   def check_resume(self, config: dict[str, Any], checkpoint_step: int) -> list[str]:
     """Raises WorkdirError unless `config` may resume the stored run; returns notes."""
-    stored = self.stored_config()
+    stored = (read_json(self.file(CONFIG)) or {}).get('config')
     if stored is None:
       return [f'{self.file(CONFIG)} is missing; resuming the checkpoint at step '
               f'{checkpoint_step} with this config.']
