@@ -7,7 +7,8 @@ For each model and mesh (mesh.workers x mesh.fsdp devices) it compiles loco's ow
 initialisation (`jax.jit(init, out_shardings=...)`) and one step of its training
 chunk (per-worker value_and_grad, then the algorithm's step, state donated) and
 prints, from `compile().memory_analysis()`, what one device holds: the training
-state (arguments), temporaries, and the initialisation's output. Nothing is
+state (arguments), the step's temporaries, and the initialisation's output and
+temporaries. Nothing is
 allocated, so it runs on a CPU: without accelerators it simulates the largest mesh
 asked for with XLA's host platform devices (about 6 minutes on 2 cores for the
 defaults). On real accelerators, `--steps=N` also runs N steps and prints tokens/s
@@ -83,7 +84,7 @@ def measure(preset: str, mesh_workers: int, fsdp: int) -> dict[str, float]:
                          jax.ShapeDtypeStruct((1,), jnp.bool_)).compile()
   step_memory = compiled.memory_analysis()
   out = dict(state=step_memory.argument_size_in_bytes, temp=step_memory.temp_size_in_bytes,
-             init_out=init_memory.output_size_in_bytes,
+             init_out=init_memory.output_size_in_bytes, init_temp=init_memory.temp_size_in_bytes,
              total_state=sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract)),
              compile_s=time.perf_counter() - start)
   if ARGS.steps:
@@ -110,7 +111,7 @@ def main() -> None:
         f'{jax.__version__}; M={ARGS.workers} workers x {ARGS.batch} x {ARGS.seq} tokens, '
         f'{ARGS.algorithm}, grad_mode={ARGS.grad_mode}')
   print(f'{"model":6s} {"params":>7s} {"mesh":>5s} {"devices":>7s} {"state/dev":>10s} '
-        f'{"temp/dev":>9s} {"init/dev":>9s} {"all state":>10s} {"compile":>8s}'
+        f'{"temp/dev":>9s} {"init/dev":>9s} {"init tmp":>9s} {"all state":>10s} {"compile":>8s}'
         + ('  tokens/s    MFU' if ARGS.steps else ''))
   for preset in ARGS.models.split(','):
     cfg = model_lib.model_config(preset)
@@ -119,7 +120,8 @@ def main() -> None:
       line = (f'{preset:6s} {model_lib.param_count(cfg) / 1e6:6.0f}M '
               f'{mesh_workers}x{fsdp:<3d} {mesh_workers * fsdp:7d} '
               f'{m["state"] / GIB:8.3f}Gi {m["temp"] / GIB:7.3f}Gi '
-              f'{m["init_out"] / GIB:7.3f}Gi {m["total_state"] / GIB:8.2f}Gi '
+              f'{m["init_out"] / GIB:7.3f}Gi {m["init_temp"] / GIB:7.3f}Gi '
+              f'{m["total_state"] / GIB:8.2f}Gi '
               f'{m["compile_s"]:7.1f}s')
       if ARGS.steps:
         flops = m['tokens_per_s'] * model_lib.flops_per_token(cfg, ARGS.seq)

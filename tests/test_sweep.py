@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from loco import sweep
@@ -338,32 +339,48 @@ def test_main_distributed_initializes_and_trains(tmp_path, nano_file):
     assert [json.loads(line)['step'] for line in f] == [2]
 
 
-_TWO_PROCESSES = ['--config.num_workers=2', '--config.mesh.workers=2',
+_TWO_PROCESSES = ['--config.num_workers=4', '--config.batch_per_worker=4',
+                  '--config.mesh.workers=2', '--config.mesh.fsdp=4',
                   '--config.algorithm.name=diloco', '--config.algorithm.sync_every=2',
-                  '--config.steps=4', '--config.log_every=2', '--config.eval.every=4',
-                  '--config.checkpoint.every=4']
+                  '--config.log_every=2', '--config.eval.every=2',
+                  '--config.checkpoint.every=2', '--config.steps=4']
+
+
+def _two_processes(workdir, port, *flags):
+  procs = [subprocess.Popen(
+      [sys.executable, '-m', 'loco.main', f'--config={flags[0]}', f'--workdir={workdir}',
+       '--distributed', f'--coordinator_address=localhost:{port}', '--num_processes=2',
+       f'--process_id={i}', *flags[1:]], cwd=REPO,
+      env=dict(ENV, XLA_FLAGS='--xla_force_host_platform_device_count=4'),
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+  outputs = [p.communicate(timeout=300)[0] for p in procs]
+  assert all(p.returncode == 0 for p in procs), outputs[0][-2000:] + outputs[1][-2000:]
+  return outputs
 
 
 @pytest.mark.slow
-def test_two_processes_match_one_process_with_two_devices(tmp_path, nano_file):
-  """Two CPU processes over Gloo give the one-process, two-device numbers."""
-  port = _free_port()
-  procs = [subprocess.Popen(
-      [sys.executable, '-m', 'loco.main', f'--config={nano_file}',
-       f'--workdir={tmp_path / "multi"}', '--distributed',
-       f'--coordinator_address=localhost:{port}', '--num_processes=2', f'--process_id={i}',
-       *_TWO_PROCESSES], cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-      text=True) for i in range(2)]
-  outputs = [p.communicate(timeout=300)[0] for p in procs]
-  assert all(p.returncode == 0 for p in procs), outputs[0][-2000:]
+def test_two_processes_match_one_process_with_eight_devices(tmp_path, nano_file):
+  """Two CPU processes of 4 devices each over Gloo, on a 2 x 4 workers x fsdp mesh (a
+  process per row: the workers axis crosses hosts, fsdp stays inside one), give the
+  one-process, 8-device numbers; a checkpoint written by both resumes in both."""
+  outputs = _two_processes(tmp_path / 'multi', _free_port(), nano_file, *_TWO_PROCESSES[:-1],
+                           '--config.steps=2')
+  assert 'loco: process 1 of 2, 4 local of 8 devices.' in outputs[1]
+  _two_processes(tmp_path / 'multi', _free_port(), nano_file, *_TWO_PROCESSES)   # resumes
   one = subprocess.run(
       [sys.executable, '-m', 'loco.main', f'--config={nano_file}',
        f'--workdir={tmp_path / "one"}', *_TWO_PROCESSES], cwd=REPO,
-      env=dict(ENV, XLA_FLAGS='--xla_force_host_platform_device_count=2'),
+      env=dict(ENV, XLA_FLAGS='--xla_force_host_platform_device_count=8'),
       capture_output=True, text=True, timeout=300)
   assert one.returncode == 0, one.stderr[-2000:]
   def records(name):
     with open(tmp_path / name / 'metrics.jsonl') as f:
       return [{k: v for k, v in json.loads(line).items() if k != 'tokens_per_second'}
               for line in f]
-  assert records('multi') == records('one')   # also: written once, not once per process
+  multi, one = records('multi'), records('one')   # also: written once, not once per process
+  assert [r.keys() for r in multi] == [r.keys() for r in one]
+  for a, b in zip(multi, one):   # losses to float rounding (Gloo sums in another order)
+    assert {k: v for k, v in a.items() if 'loss' not in k} == {
+        k: v for k, v in b.items() if 'loss' not in k}
+    np.testing.assert_allclose([a[k] for k in a if 'loss' in k],
+                               [b[k] for k in b if 'loss' in k], rtol=1e-6)
