@@ -12,6 +12,7 @@ optax transform sees one worker's tree, and only the communication transforms of
 `loco.comm` look across workers, through named-axis collectives.
 """
 
+import functools
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -126,36 +127,6 @@ class Algorithm(NamedTuple):
   replay: AsyncReplay | None = None
 
 
-def per_worker_context(ctx: StepContext | None, num_workers: int):
-  """Splits a StepContext into per-worker (mapped) and shared (unmapped) parts."""
-  ctx = ctx or StepContext()
-  ones = jnp.ones((num_workers,), bool)
-  active = ones if ctx.active is None else jnp.asarray(ctx.active, bool)
-  alive = ones if ctx.alive is None else jnp.asarray(ctx.alive, bool)
-  return active, alive, ctx.mixing, ctx.sync, ctx.key
-
-
-def _where(pred: jax.Array, new: PyTree, old: PyTree) -> PyTree:
-  # A per-worker mask under vmap: each worker keeps or replaces its own tree.
-  return jax.tree.map(lambda n, o: jnp.where(pred, n, o), new, old)
-
-
-def inner_step(inner: optax.GradientTransformationExtraArgs, params: PyTree,
-               inner_state: PyTree, grads: PyTree, active: jax.Array,
-               context: comm.WorkerContext):
-  """One worker's inner step, inside the worker map; inactive workers keep everything.
-
-  Returns:
-    (params, inner_state, wire) of this worker (`comm.Wire`).
-  """
-  updates, new_inner = inner.update(grads, inner_state, params, context=context)
-  new_params = optax.apply_updates(params, updates)
-  # Inactive workers neither step nor communicate in the inner chain.
-  params = _where(active, new_params, params)
-  inner_state = _where(active, new_inner, inner_state)
-  return params, inner_state, comm.wire_bytes(new_inner).where(active)
-
-
 def step_info(wire: comm.Wire, synced: jax.Array, **fields) -> StepInfo:
   """The StepInfo of a step from its worker-stacked `comm.Wire` ([M] leaves)."""
   return StepInfo(bytes_sent=wire.sent, bytes_received=wire.received, comms=wire.events,
@@ -204,20 +175,22 @@ def check_schedule(offsets: Sequence[int], sync_every: int, overlap_steps: int) 
                       'next one syncs.')
 
 
+def _put(leaves: list, members: Sequence[int], values: Sequence[Any]) -> list:
+  for i, v in zip(members, values):
+    leaves[i] = v
+  return leaves
+
+
 def _view(treedef, members: Sequence[int], values: Sequence[Any]) -> PyTree:
   # The fragment as a tree of the full structure with None elsewhere: optax and the
   # compressors skip None, and path-based masks still see the model's own paths.
-  leaves = [None] * treedef.num_leaves
-  for i, v in zip(members, values):
-    leaves[i] = v
-  return jax.tree.unflatten(treedef, leaves)
+  return jax.tree.unflatten(treedef, _put([None] * treedef.num_leaves, members, values))
 
 
 def _merge(params: jax.Array, target: jax.Array, alpha: float) -> jax.Array:
   if alpha == 0.0:       # exact: alpha 0 adopts the anchor, DiLoCo's reset
     return target.astype(params.dtype)
-  return (alpha * params.astype(jnp.float32)
-          + (1.0 - alpha) * target).astype(params.dtype)
+  return (alpha * params.astype(jnp.float32) + (1.0 - alpha) * target).astype(params.dtype)
 
 
 def local_updates(
@@ -285,8 +258,7 @@ def local_updates(
     raise ConfigError(f'sync_every (H) must be an integer >= 1, got {sync_every!r}.')
   if (not isinstance(overlap_steps, (int, np.integer)) or isinstance(overlap_steps, bool)
       or overlap_steps < 0):
-    raise ConfigError(f'algorithm.overlap_steps must be an integer >= 0, got '
-                      f'{overlap_steps!r}.')
+    raise ConfigError(f'algorithm.overlap_steps must be an integer >= 0, got {overlap_steps!r}.')
   if not 0.0 <= merge_alpha <= 1.0:
     raise ConfigError(f'algorithm.merge_alpha must be in [0, 1], got {merge_alpha!r}.')
   if not isinstance(eager, bool):
@@ -305,31 +277,25 @@ def local_updates(
     outer = optax.with_extra_args_support(outer)
   vmap = lambda f, in_axes: workers.vmap(f, in_axes=in_axes, mesh=mesh)
 
-  def schedule_of(params: PyTree) -> Fragments:
-    if fragments is None:
-      schedule = Fragments((0,) * len(jax.tree.leaves(params)), (0,))
-    else:
-      schedule = fragments(params)
+  def schedule_of(params: PyTree) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
+    """The leaves of each fragment and the fragments' sync offsets, checked."""
+    schedule = (Fragments((0,) * len(jax.tree.leaves(params)), (0,)) if fragments is None
+                else fragments(params))
     check_schedule(schedule.offsets, sync_every, tau)
-    return schedule
-
-  def members_of(schedule: Fragments) -> list[tuple[int, ...]]:
-    return [tuple(i for i, g in enumerate(schedule.leaf_fragment) if g == f)
-            for f in range(len(schedule.offsets))]
+    return ([tuple(i for i, g in enumerate(schedule.leaf_fragment) if g == f)
+             for f in range(len(schedule.offsets))], schedule.offsets)
 
   # One fragment's outer state stands alone (DiLoCo's state is its chain's state).
-  wrap = (lambda states: tuple(states)) if fragments is not None else (lambda s: s[0])
-  unwrap = (lambda state: list(state)) if fragments is not None else (lambda s: [s])
+  wrap = tuple if fragments is not None else (lambda s: s[0])
 
   def init(params: PyTree, num_workers: int, key: jax.Array) -> LocoState:
     if num_workers < 1:
       raise ConfigError(f'num_workers must be >= 1, got {num_workers}.')
     stacked = workers.replicate(params, num_workers)
     inner_state = vmap(inner.init, 0)(stacked)
-    anchor = outer_state = None
-    extra = ()
+    anchor, outer_state, extra = None, None, ()
     if outer is not None:
-      members = members_of(schedule_of(params))
+      members, _ = schedule_of(params)
       # Its own float32 buffers (the state is donated): the outer step runs in float32.
       anchor = jax.tree.map(lambda x: jnp.array(x, jnp.float32, copy=True), stacked)
       leaves, treedef = jax.tree.flatten(anchor)
@@ -346,58 +312,55 @@ def local_updates(
       return [(p.astype(jnp.float32) + c).astype(p.dtype) for p, c in zip(params, source)]
     return [_merge(p, g, alpha) for p, g in zip(params, source)]
 
-  def sync_fragment(members, treedef, num_workers, mixing, key):
+  def sync_fragment(members, treedef, num_workers, mixing, key, params, anchor, state,
+                    buffers, active, alive, me):
     """One worker's sync of a fragment (lists of its leaves), inside the worker map."""
     view = lambda values: _view(treedef, members, values)
-
-    def sync(params, anchor, state, buffers, active, alive, me):
-      context = comm.WorkerContext(active=active, alive=alive, mixing=mixing, key=key)
-      delta = [a - p.astype(jnp.float32) for a, p in zip(anchor, params)]
-      if eager:
-        (link_state, opt_state), (prev_mean, prev_own, _) = state, buffers
-        mean, link_state = link.update(view(delta), link_state, view(anchor),
-                                       context=context)
-        updates, new_opt_state = optimizer.update(mean, opt_state, view(anchor),
-                                                  context=context)
-        new_state = (link_state, new_opt_state)
-      else:
-        updates, new_state = outer.update(view(delta), state, view(anchor),
-                                          context=context)
-      new_anchor = jax.tree.leaves(optax.apply_updates(view(anchor), updates))
-      new_params, new_buffers = params, buffers
-      if eager:
-        # Own fresh share + the others' shares of the last average (arXiv 2502.12996).
-        estimate = [pm + (d - po) / num_workers
-                    for pm, d, po in zip(prev_mean, delta, prev_own)]
-        hat_updates, _ = optimizer.update(view(estimate), opt_state, view(anchor),
-                                          context=context)
-        theta_hat = jax.tree.leaves(optax.apply_updates(view(anchor), hat_updates))
-        new_params = [_merge(p, h, alpha) for p, h in zip(params, theta_hat)]
-        correction = [(1.0 - alpha) * (g - h) for g, h in zip(new_anchor, theta_hat)]
-        mean = [m.astype(jnp.float32) for m in jax.tree.leaves(mean)]
-        new_buffers = (mean, delta, correction)
-      if tau == 0:     # the update arrives at the end of its own sync step
-        new_params = arrive(new_params, new_buffers[2] if eager else new_anchor)
-      new = (new_params, new_anchor, new_state, new_buffers)
-      wire = comm.wire_bytes(new_state)
-      if me is not None:   # the asynchronous replay: only this tick's pairs sync
-        new = _where(me, new, (params, anchor, state, buffers))
-        wire = wire.where(me)
-      return new, wire
-
-    return sync
+    context = comm.WorkerContext(active=active, alive=alive, mixing=mixing, key=key)
+    delta = [a - p.astype(jnp.float32) for a, p in zip(anchor, params)]
+    if eager:
+      (link_state, opt_state), (prev_mean, prev_own, _) = state, buffers
+      mean, link_state = link.update(view(delta), link_state, view(anchor), context=context)
+      updates, new_opt_state = optimizer.update(mean, opt_state, view(anchor), context=context)
+      new_state = (link_state, new_opt_state)
+    else:
+      updates, new_state = outer.update(view(delta), state, view(anchor), context=context)
+    new_anchor = jax.tree.leaves(optax.apply_updates(view(anchor), updates))
+    new_params, new_buffers = params, buffers
+    if eager:
+      # Own fresh share + the others' shares of the last average (arXiv 2502.12996).
+      estimate = [pm + (d - po) / num_workers for pm, d, po in zip(prev_mean, delta, prev_own)]
+      hat_updates, _ = optimizer.update(view(estimate), opt_state, view(anchor), context=context)
+      theta_hat = jax.tree.leaves(optax.apply_updates(view(anchor), hat_updates))
+      new_params = [_merge(p, h, alpha) for p, h in zip(params, theta_hat)]
+      correction = [(1.0 - alpha) * (g - h) for g, h in zip(new_anchor, theta_hat)]
+      mean = [m.astype(jnp.float32) for m in jax.tree.leaves(mean)]
+      new_buffers = (mean, delta, correction)
+    if tau == 0:     # the update arrives at the end of its own sync step
+      new_params = arrive(new_params, new_buffers[2] if eager else new_anchor)
+    new = (new_params, new_anchor, new_state, new_buffers)
+    wire = comm.wire_bytes(new_state)
+    if me is not None:   # the asynchronous replay: only this tick's pairs sync
+      new = optax.tree.where(me, new, (params, anchor, state, buffers))
+      wire = wire.where(me)
+    return new, wire
 
   def step(state: LocoState, grads: PyTree,
            ctx: StepContext | None = None) -> tuple[LocoState, StepInfo]:
     num_workers = workers.num_workers_of(state.params)
-    active, alive, mixing, sync, ctx_key = per_worker_context(ctx, num_workers)
+    ctx = ctx or StepContext()
+    active, alive = (jnp.ones((num_workers,), bool) if mask is None else jnp.asarray(mask, bool)
+                     for mask in (ctx.active, ctx.alive))
     key, step_key = jax.random.split(state.key)
-    if ctx_key is not None:
-      step_key = ctx_key
+    step_key = step_key if ctx.key is None else ctx.key
 
     def inner_worker(params, inner_state, grads, active, alive):
-      context = comm.WorkerContext(active=active, alive=alive, mixing=mixing, key=step_key)
-      return inner_step(inner, params, inner_state, grads, active, context)
+      context = comm.WorkerContext(active=active, alive=alive, mixing=ctx.mixing, key=step_key)
+      updates, new_inner = inner.update(grads, inner_state, params, context=context)
+      # Inactive workers neither step nor communicate in the inner chain.
+      return (optax.tree.where(active, optax.apply_updates(params, updates), params),
+              optax.tree.where(active, new_inner, inner_state),
+              comm.wire_bytes(new_inner).where(active))
 
     params, inner_state, wire = vmap(inner_worker, 0)(
         state.params, state.inner_state, grads, active, alive)
@@ -406,37 +369,31 @@ def local_updates(
     if outer is None:
       return new_state, step_info(wire, jnp.any(wire.events > 0))
 
-    schedule = schedule_of(params)
-    members = members_of(schedule)
+    members, offsets = schedule_of(params)
     # slot[r]: the fragment that syncs at the steps s with s % H == r, or -1.
     slot = np.full((sync_every,), -1, np.int32)
-    slot[list(schedule.offsets)] = np.arange(len(members), dtype=np.int32)
+    slot[list(offsets)] = np.arange(len(members), dtype=np.int32)
     slot = jnp.asarray(slot)
     sync_index = slot[s % sync_every]
     arrive_index = jnp.where(s > tau, slot[(s - tau) % sync_every], -1)
-    if sync is not None:
+    if ctx.sync is not None:
       if len(members) > 1 or tau:
         raise ConfigError('StepContext.sync overrides the sync schedule of one fragment '
                           'without overlap; this algorithm follows its own fragment '
                           'schedule.')
-      sync = jnp.asarray(sync, bool)
-      sync_index = jnp.where(jnp.any(sync), 0, -1)
+      sync_index = jnp.where(jnp.any(ctx.sync), 0, -1)
 
     p_leaves, treedef = jax.tree.flatten(params)
     a_leaves = jax.tree.leaves(state.anchor)
     e_leaves = [jax.tree.leaves(b) for b in state.extra] if eager else []
-    outer_states = unwrap(state.outer_state)
+    outer_states = list(state.outer_state) if fragments is not None else [state.outer_state]
     no_wire = workers.replicate(comm.no_wire(num_workers), num_workers)
     pick = lambda leaves, f: [leaves[i] for i in members[f]]
-
-    def put(leaves, f, values):
-      for i, v in zip(members[f], values):
-        leaves[i] = v
-
     for f in range(len(members)):
-      do_sync = sync_index == f if sync is None else sync
+      do_sync = sync_index == f if ctx.sync is None else jnp.asarray(ctx.sync, bool)
       me = do_sync if do_sync.ndim else None     # a per-worker mask, inside the map
-      fn = sync_fragment(members[f], treedef, num_workers, mixing, step_key)
+      fn = functools.partial(sync_fragment, members[f], treedef, num_workers, ctx.mixing,
+                             step_key)
       operands = (pick(p_leaves, f), pick(a_leaves, f), outer_states[f],
                   tuple(pick(b, f) for b in e_leaves))
       # One cond outside the worker map: a step without this fragment's sync skips it
@@ -446,25 +403,20 @@ def local_updates(
           lambda ops: vmap(fn, (0, 0, 0, 0, 0, 0, None if me is None else 0))(
               *ops, active, alive, me),
           lambda ops: (ops, no_wire), operands)
-      put(p_leaves, f, new_p)
-      put(a_leaves, f, new_a)
-      for b, nb in zip(e_leaves, new_b):
-        put(b, f, nb)
+      for leaves, values in zip([p_leaves, a_leaves, *e_leaves], [new_p, new_a, *new_b]):
+        _put(leaves, members[f], values)
       wire = wire.merge(outer_wire)
       if tau:     # delivery, tau steps after the sync
         source = e_leaves[2] if eager else a_leaves
-        put(p_leaves, f, jax.lax.cond(arrive_index == f, arrive, lambda p, _: p,
-                                      pick(p_leaves, f), pick(source, f)))
+        _put(p_leaves, members[f], jax.lax.cond(arrive_index == f, arrive, lambda p, _: p,
+                                                pick(p_leaves, f), pick(source, f)))
     unflatten = lambda leaves: jax.tree.unflatten(treedef, leaves)
     new_state = new_state._replace(
-        params=unflatten(p_leaves), anchor=unflatten(a_leaves),
-        outer_state=wrap(outer_states),
+        params=unflatten(p_leaves), anchor=unflatten(a_leaves), outer_state=wrap(outer_states),
         extra=EagerState(*map(unflatten, e_leaves)) if eager else state.extra)
     synced = sync_index >= 0
-    fields = {}
-    if fragments is not None:
-      fields = dict(fragment=sync_index,
-                    overlap_steps=jnp.where(synced, tau, 0).astype(jnp.int32))
+    fields = {} if fragments is None else dict(
+        fragment=sync_index, overlap_steps=jnp.where(synced, tau, 0).astype(jnp.int32))
     return new_state, step_info(wire, synced, **fields)
 
   return Algorithm(init=init, step=step)

@@ -55,12 +55,10 @@ def settings_of(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
 def keys_of(name: str) -> list[str]:
   """The keyword arguments the algorithm `name` accepts (besides inner and mesh)."""
   params = inspect.signature(REGISTRY[name]).parameters
-  return [k for k, p in params.items()
-          if p.kind == p.KEYWORD_ONLY and k not in ('mesh', 'outer')]
+  return [k for k, p in params.items() if p.kind == p.KEYWORD_ONLY and k not in ('mesh', 'outer')]
 
 
-def make(name: str, inner: optax.GradientTransformation, *, mesh=None,
-         **kwargs: Any) -> Algorithm:
+def make(name: str, inner: optax.GradientTransformation, *, mesh=None, **kwargs: Any) -> Algorithm:
   """Builds the registered algorithm `name` with the given keys; unknown ones fail."""
   if name not in REGISTRY:
     raise ConfigError(f'algorithm.name must be one of {sorted(REGISTRY)}, got {name!r}.')

@@ -59,8 +59,6 @@ def gasloc(inner: optax.GradientTransformation, *, sync_every: int = 500,
     raise ConfigError(f"algorithm.mix must be 'models' or 'deltas', got {mix!r}.")
   mixer = comm.gossip(topology, mix, step_size=gossip_step, dtype=transport_dtype,
                       weights=weights, seed=seed)
-  algorithm = local_updates(inner, optax.chain(mixer, outer), sync_every=sync_every,
-                            mesh=mesh)
-  peers = lambda m: topology_lib.resolve_topology(topology, m, weights=weights,
-                                                  seed=seed).adjacency
+  algorithm = local_updates(inner, optax.chain(mixer, outer), sync_every=sync_every, mesh=mesh)
+  peers = lambda m: topology_lib.resolve_topology(topology, m, weights=weights, seed=seed).adjacency
   return algorithm._replace(replay=AsyncReplay(sync_every, peers, transport_dtype))

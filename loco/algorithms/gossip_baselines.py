@@ -10,6 +10,7 @@ second variable lives in the state of its own exchange transform (inner chain), 
 no engine change is needed.
 """
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -118,9 +119,8 @@ def a2cid2_exchange(topology: str = 'ring', *, weights: str = 'metropolis',
   comm.transport_dtype(dtype)   # fail early on a bad dtype
   topology_lib.check_spec(topology, weights)
 
-  def resolve(num_workers):
-    return topology_lib.resolve_topology(topology, num_workers, weights=weights, seed=seed,
-                                         pairwise=True)
+  resolve = functools.partial(topology_lib.resolve_topology, topology, weights=weights,
+                              seed=seed, pairwise=True)
 
   def init(params):
     num_workers = comm.static_num_workers(axis_name)
@@ -154,8 +154,7 @@ def a2cid2_exchange(topology: str = 'ring', *, weights: str = 'metropolis',
     xt = optax.tree.add_scale(xt, 2.0 * alpha, mixed.moved)
     x, xt = ode(mixed.new, xt)
     new_updates = optax.tree.cast_like(optax.tree.sub(x, f32(params)), updates)
-    return new_updates, A2CiD2State(optax.tree.cast_like(xt, state.tilde), state.count + 1,
-                                    sent)
+    return new_updates, A2CiD2State(optax.tree.cast_like(xt, state.tilde), state.count + 1, sent)
 
   return optax.GradientTransformationExtraArgs(init, update)
 
@@ -170,8 +169,7 @@ def a2cid2(inner: optax.GradientTransformation, *, topology: str = 'ring',
 
   Args:
     inner: the per-worker inner optimizer.
-    topology: the graph the matchings are drawn from (the paper's: 'ring',
-      'exponential').
+    topology: the graph the matchings are drawn from (the paper's: 'ring', 'exponential').
     transport_dtype: dtype of the models on the wire.
     seed: seed of an 'erdos_renyi' graph.
     mesh: optional device mesh with a "workers" axis.
@@ -215,8 +213,6 @@ def noloco(inner: optax.GradientTransformation, *, sync_every: int = 50,
   """
   mixer = comm.gossip(topology, 'models', dtype=transport_dtype, seed=seed, pairwise=True)
   outer = optim.outer_optimizer('heavy_ball', outer_lr, outer_momentum)
-  algorithm = local_updates(inner, optax.chain(mixer, outer), sync_every=sync_every,
-                            mesh=mesh)
-  peers = lambda m: topology_lib.resolve_topology(topology, m, seed=seed,
-                                                  pairwise=True).adjacency
+  algorithm = local_updates(inner, optax.chain(mixer, outer), sync_every=sync_every, mesh=mesh)
+  peers = lambda m: topology_lib.resolve_topology(topology, m, seed=seed, pairwise=True).adjacency
   return algorithm._replace(replay=AsyncReplay(sync_every, peers, transport_dtype))

@@ -96,12 +96,11 @@ def fragmenter(num_fragments: int | None = None, *, layers_per_fragment: int | N
     if value not in allowed:
       raise ConfigError(f'algorithm.{key} must be one of {allowed}, got {value!r}.')
   if num_fragments is not None and layers_per_fragment is not None:
-    raise ConfigError('set algorithm.num_fragments or algorithm.layers_per_fragment, '
-                      'not both.')
+    raise ConfigError('set algorithm.num_fragments or algorithm.layers_per_fragment, not both.')
 
   def assign(params: PyTree) -> Fragmentation:
-    paths = [path for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-    leaf_blocks = [block_index(path) for path in paths]
+    leaf_blocks = [block_index(path)
+                   for path, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
     blocks = sorted({b for b in leaf_blocks if b is not None})
     n = len(blocks)
     if n == 0:
@@ -109,7 +108,7 @@ def fragmenter(num_fragments: int | None = None, *, layers_per_fragment: int | N
         raise ConfigError(f'algorithm.num_fragments={num_fragments} but the params have '
                           'no transformer blocks (key paths like blocks/<i>/...); use 1 '
                           'or None.')
-      return Fragmentation((0,) * len(paths), ((),), None)
+      return Fragmentation((0,) * len(leaf_blocks), ((),), None)
     count = n if num_fragments is None else num_fragments
     if layers_per_fragment is not None:
       if n % layers_per_fragment:
@@ -119,19 +118,15 @@ def fragmenter(num_fragments: int | None = None, *, layers_per_fragment: int | N
     if count > n:
       raise ConfigError(f'algorithm.num_fragments={count} is larger than the number '
                         f'of transformer blocks ({n}); use 1 .. {n}.')
-    position = {b: k for k, b in enumerate(blocks)}
-    if fragment_pattern == 'strided':
-      block_fragment = {b: position[b] % count for b in blocks}
-    else:   # contiguous runs whose lengths differ by at most one
-      block_fragment = {b: position[b] * count // n for b in blocks}
+    # 'sequential': contiguous runs whose lengths differ by at most one.
+    block_fragment = {b: k % count if fragment_pattern == 'strided' else k * count // n
+                      for k, b in enumerate(blocks)}
     has_non_block = any(b is None for b in leaf_blocks)
     shift = 1 if non_block == 'own' and has_non_block else 0
-    leaf_fragment = tuple(0 if b is None else block_fragment[b] + shift
-                          for b in leaf_blocks)
+    leaf_fragment = tuple(0 if b is None else block_fragment[b] + shift for b in leaf_blocks)
     fragment_blocks = [()] * shift + [
         tuple(b for b in blocks if block_fragment[b] == p) for p in range(count)]
-    return Fragmentation(leaf_fragment, tuple(fragment_blocks),
-                         0 if has_non_block else None)
+    return Fragmentation(leaf_fragment, tuple(fragment_blocks), 0 if has_non_block else None)
 
   return assign
 
@@ -223,9 +218,8 @@ def streaming_diloco(inner: optax.GradientTransformation, *, sync_every: int = 1
                       fragment_pattern=fragment_pattern, non_block=non_block)
 
   def fragments(params: PyTree) -> Fragments:
-    fragmentation = assign(params)
-    return Fragments(fragmentation.leaf_fragment,
-                     sync_offsets(fragmentation.num_fragments, sync_every))
+    cut = assign(params)
+    return Fragments(cut.leaf_fragment, sync_offsets(cut.num_fragments, sync_every))
 
   optimizer = optim.outer_optimizer(outer_optimizer, outer_lr, outer_momentum)
   link = (comm.all_reduce_mean(transport_dtype) if compression == 'none' else

@@ -20,11 +20,11 @@ import optax
 
 from loco.comm import axis as comm_axis
 from loco.comm.axis import WORKERS
+from loco.errors import ConfigError
 
 PyTree = Any
 
-TRANSPORT_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16,
-                    'float16': jnp.float16}
+TRANSPORT_DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16, 'float16': jnp.float16}
 
 
 class WorkerContext(NamedTuple):
@@ -69,10 +69,6 @@ def empty_comm_state(num_workers: int | None = None, axis_name: str = WORKERS) -
                    jnp.zeros((), jnp.float32), jnp.zeros((m,), bool))
 
 
-def _is_comm_state(x) -> bool:
-  return isinstance(x, CommState)
-
-
 class Wire(NamedTuple):
   """Everything a step put on the wire for one worker: the CommStates of its chains
   merged (bytes and events added, the widest kind and payload, the union of peers)."""
@@ -100,7 +96,7 @@ def no_wire(num_workers: int | None = None, axis_name: str = WORKERS) -> Wire:
 def wire_bytes(state: PyTree, axis_name: str = WORKERS) -> Wire:
   """The `Wire` of the CommStates inside `state` (a chain's state after an update)."""
   wire = no_wire(axis_name=axis_name)
-  for leaf in jax.tree.leaves(state, is_leaf=_is_comm_state):
+  for leaf in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, CommState)):
     if isinstance(leaf, CommState):
       wire = wire.merge(Wire(*leaf))
   return wire
@@ -158,17 +154,14 @@ def tree_bytes(tree: PyTree, dtype=None) -> int:
 
 def transport_dtype(name: str):
   if name not in TRANSPORT_DTYPES:
-    from loco.errors import ConfigError
-    raise ConfigError(f'transport dtype must be one of {sorted(TRANSPORT_DTYPES)}, '
-                      f'got {name!r}.')
+    raise ConfigError(f'transport dtype must be one of {sorted(TRANSPORT_DTYPES)}, got {name!r}.')
   return TRANSPORT_DTYPES[name]
 
 
 def worker_mean(tree: PyTree, weight: jax.Array, axis_name: str = WORKERS) -> PyTree:
   """Weighted mean over workers of `tree` (weight: this worker's scalar weight)."""
   total = comm_axis.psum(weight.astype(jnp.float32), axis_name)
-  summed = comm_axis.psum(optax.tree.scale(weight, optax.tree.cast(tree, jnp.float32)),
-                        axis_name)
+  summed = comm_axis.psum(optax.tree.scale(weight, optax.tree.cast(tree, jnp.float32)), axis_name)
   return jax.tree.map(lambda s: s / jnp.maximum(total, 1.0), summed)
 
 
@@ -201,8 +194,7 @@ def all_reduce_mean(dtype: str = 'float32',
     del params
     return empty_comm_state(axis_name=axis_name)
 
-  def update(updates, state, params=None, *, context: WorkerContext | None = None,
-             **extra):
+  def update(updates, state, params=None, *, context: WorkerContext | None = None, **extra):
     del state, params, extra
     alive = alive_of(context)
     mean = worker_mean(optax.tree.cast(updates, wire), alive.astype(jnp.float32), axis_name)

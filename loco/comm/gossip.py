@@ -117,8 +117,7 @@ def _sparse_residual(x32, sent_x, plan, i, alive_all, size, axis_name):
 
 
 def _dense_residual(x32, sent_x, w, i, alive_all, size, axis_name):
-  """This worker's row of W against the gathered trees; a partner's tree only for a
-  pairwise W (one O(M P) gather under vmap instead of M of them)."""
+  """This worker's row of W against the gathered trees (only the partner's if pairwise)."""
   m = w.shape[0]
   ok = (jnp.arange(m) != i) & alive_all & alive_all[i]
   w_in = jnp.where(ok, w[i], 0.0).astype(jnp.float32)
@@ -129,8 +128,7 @@ def _dense_residual(x32, sent_x, w, i, alive_all, size, axis_name):
 
   def partner(_):
     p = jnp.argmax(w_in > 0)
-    return jax.tree.map(lambda x, g: w_in[p] * (x - g[p].astype(jnp.float32)),
-                        x32, gathered)
+    return jax.tree.map(lambda x, g: w_in[p] * (x - g[p].astype(jnp.float32)), x32, gathered)
 
   def every_row(_):   # a scan over the senders keeps the memory O(P) per worker
     def add(residual, w_g):
@@ -151,11 +149,6 @@ def _path(topo: topology_lib.Topology, impl: str, context: WorkerContext | None)
   if impl == 'auto':
     return 'mean' if topology_lib.is_all_reduce(topo) else 'sparse'
   return impl
-
-
-def _toward(x, mean, step):
-  """`x + step (mean - x)`, exactly `mean` at step 1 (the all-reduce)."""
-  return mean if step == 1.0 else optax.tree.add_scale(x, step, optax.tree.sub(mean, x))
 
 
 def mixing_step(x: PyTree, topo: topology_lib.Topology, *, step: float = 1.0,
@@ -187,7 +180,9 @@ def mixing_step(x: PyTree, topo: topology_lib.Topology, *, step: float = 1.0,
   path = _path(topo, impl, context)
   if path == 'mean':
     mean = worker_mean(sent_x, alive.astype(jnp.float32), axis_name)
-    new = optax.tree.where(alive, _toward(x32, mean, step), x32)
+    # Exactly the mean at step 1 (the all-reduce).
+    toward = mean if step == 1.0 else optax.tree.add_scale(x32, step, optax.tree.sub(mean, x32))
+    new = optax.tree.where(alive, toward, x32)
     moved = optax.tree.where(alive, optax.tree.scale(step, optax.tree.sub(mean, x32)),
                              optax.tree.zeros_like(x32))
     return Mixed(new, moved), ring_all_reduce_state(alive, size, axis_name,
@@ -223,22 +218,16 @@ def _axis_size(axis_name: str) -> int:
 
 
 def _models_by_all_reduce(delta, theta, state, mix_deltas, alive, step, axis_name):
-  """`theta_i - mean(phi)` on the complete graph, with DiLoCo's one all-reduce if it can.
-
-  `theta_i - mean(phi) = mean(delta) + (theta_i - mean(theta))`. When every worker knows
-  the anchors agree, the last term is 0 and only the pseudo-gradients are all-reduced,
-  with `all_reduce_mean`'s code: GASLoC on the complete graph is then DiLoCo bit for
-  bit, on the wire too. Otherwise (the first round, which finds out, and every round
-  after one with an absent worker, who keeps its own anchor) the anchor term is
-  reduced as well, around a shared reference (the max over workers) so that it is
-  exactly 0 when the anchors agree: a pmax and a second all-reduce that a real
-  implementation would not need (it would all-reduce the models), left out of the bytes.
-  Equal anchors stay equal after a round without absent workers, as every worker then
-  gets the same update (the outer chain is assumed to treat workers alike).
-
-  Returns:
-    (the mixed updates, the CommState, whether the anchors are known equal now).
-  """
+  """`theta_i - mean(phi)` on the complete graph: (updates, CommState, anchors equal)."""
+  # theta_i - mean(phi) = mean(delta) + (theta_i - mean(theta)). When every worker knows
+  # the anchors agree, the last term is 0 and only the deltas are all-reduced, with
+  # all_reduce_mean's code: GASLoC on the complete graph is DiLoCo bit for bit, on the
+  # wire too. Otherwise (the first round, and every round after one with an absent
+  # worker, who keeps its own anchor) the anchor term is reduced too, centred on the max
+  # over workers so that it is exactly 0 for equal anchors; that pmax and all-reduce are
+  # left out of the bytes (a real implementation would all-reduce the models). Equal
+  # anchors stay equal after a round without absent workers (the outer chain treats
+  # workers alike).
   mixed, comm = mix_deltas(delta)
   known = comm_axis.psum((~state.anchors_equal).astype(jnp.int32), axis_name) == 0
 
@@ -322,8 +311,7 @@ def gossip(topology: str | topology_lib.Topology, mix: str = 'models', *,
     return GossipState(jnp.zeros((), jnp.int32), jnp.zeros((), bool),
                        empty_comm_state(axis_name=axis_name))
 
-  def update(updates, state, params=None, *, context: WorkerContext | None = None,
-             **extra):
+  def update(updates, state, params=None, *, context: WorkerContext | None = None, **extra):
     del extra
     topo = resolve()
     if mix != 'deltas' and params is None:

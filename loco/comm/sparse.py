@@ -98,8 +98,7 @@ def sparse_all_gather_mean(
     raise ConfigError(f'algorithm.aggregation must be one of {DIVIDE}, got {divide!r}.')
   compressor = _compressor_or_identity(compressor)
 
-  def update(updates, state, params=None, *, context: WorkerContext | None = None,
-             **extra):
+  def update(updates, state, params=None, *, context: WorkerContext | None = None, **extra):
     del params, extra
     alive = alive_of(context)
     weight = alive.astype(jnp.float32)
@@ -158,8 +157,7 @@ def compressed_all_reduce_mean(
   if compressor.kind == 'sparsifier':
     raise sparse_error
 
-  def update(updates, state, params=None, *, context: WorkerContext | None = None,
-             **extra):
+  def update(updates, state, params=None, *, context: WorkerContext | None = None, **extra):
     del params, extra
     alive = alive_of(context)
     message, inner = compressor.encode(updates, state.compressor, context=context)
