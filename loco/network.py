@@ -84,17 +84,15 @@ class NetworkConfig:
     for key, allowed in (('mode', MODES), ('peer_choice', PEER_CHOICES),
                          ('local_work', LOCAL_WORK)):
       if getattr(self, key) not in allowed:
-        raise ConfigError(f'network.{key} must be one of {allowed}, got '
-                          f'{getattr(self, key)!r}.')
+        raise ConfigError(f'network.{key} must be one of {allowed}, got {getattr(self, key)!r}.')
     for key in ('device_flops', 'mfu', 'bandwidth', 'inter_bandwidth', 'slow_factor',
-                'straggler_factor'):
-      if not getattr(self, key) > 0:
-        raise ConfigError(f'network.{key} must be > 0, got {getattr(self, key)}.')
+                'straggler_factor', 'step_seconds'):
+      value = getattr(self, key)
+      if value is not None and not value > 0:
+        raise ConfigError(f'network.{key} must be > 0, got {value}.')
     for key in ('latency', 'inter_latency', 'sigma'):
       if not getattr(self, key) >= 0:
         raise ConfigError(f'network.{key} must be >= 0, got {getattr(self, key)}.')
-    if self.step_seconds is not None and not self.step_seconds > 0:
-      raise ConfigError(f'network.step_seconds must be > 0, got {self.step_seconds}.')
     if not 0.0 <= self.straggler_fraction <= 1.0:
       raise ConfigError('network.straggler_fraction must be in [0, 1], got '
                         f'{self.straggler_fraction}.')
@@ -118,8 +116,7 @@ def parse_network(section: dict[str, Any] | None) -> NetworkConfig | None:
                         f'set network.profile to one of {", ".join(PROFILES)}.')
     return None
   if profile not in PROFILES:
-    raise ConfigError(f'network.profile must be one of {", ".join(PROFILES)}, got '
-                      f'{profile!r}.')
+    raise ConfigError(f'network.profile must be one of {", ".join(PROFILES)}, got {profile!r}.')
   link_keys = {k for keys in _LINK_KEYS.values() for k in keys}
   for key in section:
     if key in link_keys and key not in _LINK_KEYS[profile]:
@@ -169,9 +166,9 @@ class Network:
     if not np.all(np.asarray(self.step_seconds) > 0):
       raise ConfigError('every worker\'s step_seconds must be > 0.')
     bw = np.asarray(self.bandwidth, float)[off]
-    if not np.all(np.isfinite(bw) & (bw > 0)):
-      raise ConfigError('every link bandwidth must be finite and > 0 bytes/s, got '
-                        f'{bw[~(np.isfinite(bw) & (bw > 0))][0]}.')
+    bad = ~(np.isfinite(bw) & (bw > 0))
+    if bad.any():
+      raise ConfigError(f'every link bandwidth must be finite and > 0 bytes/s, got {bw[bad][0]}.')
     lat = np.asarray(self.latency, float)[off]
     if not np.all(np.isfinite(lat) & (lat >= 0)):
       raise ConfigError('every link latency must be finite and >= 0 seconds.')
@@ -219,8 +216,8 @@ def make_network(cfg: NetworkConfig, num_workers: int, step_seconds: float) -> N
     bandwidth[touched] /= cfg.slow_factor
   elif cfg.profile == 'custom':
     bandwidth = np.asarray(cfg.bandwidth_matrix, float)
-    latency = (np.full((m, m), cfg.latency, float) if cfg.latency_matrix is None
-               else np.asarray(cfg.latency_matrix, float))
+    if cfg.latency_matrix is not None:
+      latency = np.asarray(cfg.latency_matrix, float)
   speeds = np.ones(m) if cfg.speeds is None else np.asarray(cfg.speeds, float)
   if speeds.shape != (m,):
     raise ConfigError(f'network.speeds must have num_workers={m} entries, got '
@@ -246,25 +243,21 @@ def ring_all_reduce_seconds(net: Network, members: Sequence[int],
                             sent_per_worker: float) -> float:
   """A ring all-reduce among `members` (in ring order) of which each sent this many bytes:
   2 (m - 1) phases of one chunk over every ring link at once (the module docstring)."""
-  members = list(members)
-  m = len(members)
-  if m < 2:
+  phases = 2 * (len(members) - 1)
+  if phases <= 0:
     return 0.0
-  phases = 2 * (m - 1)
   return phases * _slowest_ring_hop(net, members, sent_per_worker / phases)
 
 
 def ring_all_gather_seconds(net: Network, members: Sequence[int], payload: float) -> float:
   """A ring all-gather among `members` of one `payload`-byte message per worker."""
-  members = list(members)
   if len(members) < 2:
     return 0.0
   return (len(members) - 1) * _slowest_ring_hop(net, members, payload)
 
 
-def _slowest_ring_hop(net: Network, members: list[int], nbytes: float) -> float:
-  return max(net.link_seconds(a, b, nbytes)
-             for a, b in zip(members, members[1:] + members[:1]))
+def _slowest_ring_hop(net: Network, members: Sequence[int], nbytes: float) -> float:
+  return max(net.link_seconds(a, b, nbytes) for a, b in zip(members, np.roll(members, -1)))
 
 
 def gossip_finish(net: Network, start: np.ndarray, edges: np.ndarray,
@@ -372,19 +365,15 @@ class Clock:
       self.now = np.maximum(self.now, start + duration)
 
   def _deliver(self) -> None:
-    still = []
     for item in self.pending:
       item[0] -= 1
       if item[0] <= 0:
         self.now[item[2]] = np.maximum(self.now[item[2]], item[1])
-      else:
-        still.append(item)
-    self.pending = still
+    self.pending = [item for item in self.pending if item[0] > 0]
 
   def state_dict(self) -> dict:
     return dict(now=self.now.tolist(), compute=self.compute.tolist(),
-                pending=[[int(t), float(a), [int(i) for i in mem]]
-                         for t, a, mem in self.pending])
+                pending=[[int(t), float(a), [int(i) for i in mem]] for t, a, mem in self.pending])
 
   def load_state_dict(self, d: dict) -> None:
     self.now = np.asarray(d['now'], float)

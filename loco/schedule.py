@@ -152,13 +152,11 @@ def simulate_async(net: Network, *, steps: int, sync_every: int, peers: np.ndarr
 
   def exchange(i: int, j: int, t: float) -> None:
     waiting.pop(j, None)
-    end = t + max(net.link_seconds(i, j, exchange_bytes),
-                  net.link_seconds(j, i, exchange_bytes))
-    for k in (i, j):
-      items[k].append(('x', len(exchanges)))
+    end = t + max(net.link_seconds(i, j, exchange_bytes), net.link_seconds(j, i, exchange_bytes))
     exchanges.append((min(i, j), max(i, j), t, end))
-    start_local(i, end)
-    start_local(j, end)
+    for k in (i, j):
+      items[k].append(('x', len(exchanges) - 1))
+      start_local(k, end)
 
   def live_neighbours(i: int) -> list[int]:
     return [j for j in range(m) if peers[i, j] and not finished[j]]
@@ -208,35 +206,26 @@ def simulate_async(net: Network, *, steps: int, sync_every: int, peers: np.ndarr
 def _replay(items, exchanges, c, m) -> AsyncSchedule:
   """Turns per-worker event lists into ticks (see the module docstring)."""
   pos = [0] * m                  # index of each worker's current item
-  left = [0] * m                 # local steps left in the current item
   step_in = [0] * m              # steps of the current item already replayed
-  for i in range(m):
-    if items[i] and items[i][0][0] == 'local':
-      left[i] = items[i][0][1]
   actives, syncs, mixings, seconds, clocks, computes = [], [], [], [], [], []
   progress = np.zeros(m)         # time by which each worker's replayed work is done
   compute = np.zeros(m)
 
-  def advance(i):
-    pos[i] += 1
-    step_in[i] = 0
-    left[i] = items[i][pos[i]][1] if pos[i] < len(items[i]) and items[i][pos[i]][0] == 'local' else 0
+  def current(i):
+    return items[i][pos[i]] if pos[i] < len(items[i]) else ('done',)
 
   def next_exchange(i):
-    if left[i] == 0 and pos[i] < len(items[i]) and items[i][pos[i]][0] == 'x':
-      return items[i][pos[i]][1]
-    return None
+    return current(i)[1] if current(i)[0] == 'x' else None
 
   while any(p < len(it) for p, it in zip(pos, items)):
-    active = np.array([left[i] > 0 for i in range(m)])
+    active = np.array([current(i)[0] == 'local' for i in range(m)])
     for i in np.flatnonzero(active):
       _, n, start = items[i][pos[i]]
       step_in[i] += 1
-      left[i] -= 1
       progress[i] = start + step_in[i] * c[i]
       compute[i] += c[i]
-      if left[i] == 0:
-        advance(i)
+      if step_in[i] == n:
+        pos[i], step_in[i] = pos[i] + 1, 0
     sync = np.zeros(m, bool)
     mixing = np.eye(m, dtype=np.float32)
     for i in range(m):
@@ -250,7 +239,7 @@ def _replay(items, exchanges, c, m) -> AsyncSchedule:
         mixing[a, a] = mixing[b, b] = mixing[a, b] = mixing[b, a] = 0.5
         progress[[a, b]] = end
     for i in np.flatnonzero(sync):
-      advance(i)
+      pos[i] += 1
     if not active.any() and not sync.any():
       raise RuntimeError('the asynchronous replay made no progress (a schedule bug).')
     actives.append(active)

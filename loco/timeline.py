@@ -24,12 +24,11 @@ _ITEMSIZE = {'float32': 4, 'bfloat16': 2, 'float16': 2}
 
 def wires(active_KxM: np.ndarray, info) -> list[network_lib.StepWire]:
   """The per-step wire records of a chunk's StepInfo ([K, ...] host arrays)."""
-  overlap = info.overlap_steps
   return [network_lib.StepWire(
       active=np.asarray(active_KxM[k], bool), kind=np.asarray(info.kind[k]),
       sent=np.asarray(info.bytes_sent[k], float), payload=np.asarray(info.payload[k], float),
       peers=np.asarray(info.peers[k], bool),
-      overlap_steps=0 if overlap is None else int(np.asarray(overlap)[k]))
+      overlap_steps=0 if info.overlap_steps is None else int(np.asarray(info.overlap_steps)[k]))
       for k in range(len(active_KxM))]
 
 
@@ -50,7 +49,7 @@ class Timeline:
   def __init__(self, cfg: network_lib.NetworkConfig, net: network_lib.Network, *,
                num_workers: int, steps: int, round_steps: int, algorithm: Algorithm,
                name: str, model_bytes: int):
-    self.cfg, self.net, self.num_workers = cfg, net, num_workers
+    self.num_workers = num_workers
     self.schedule = None
     if cfg.mode == 'async':
       replay = algorithm.replay
@@ -102,12 +101,10 @@ class Timeline:
   def metrics(self, end: int) -> dict[str, Any]:
     """sim_seconds, utilization (mean compute / elapsed) and idle seconds per worker."""
     if self.schedule is not None:
-      seconds = float(self.schedule.seconds[end - 1])
-      own = self.schedule.worker_seconds[end - 1]
-      compute = self.schedule.compute[end - 1]
-    else:
-      seconds, own, compute = self.clock.seconds, self.clock.now, self.clock.compute
-    return clock_metrics(seconds, own, compute)
+      s = self.schedule
+      return clock_metrics(float(s.seconds[end - 1]), s.worker_seconds[end - 1],
+                           s.compute[end - 1])
+    return clock_metrics(self.clock.seconds, self.clock.now, self.clock.compute)
 
   def state_dict(self) -> dict:
     return {} if self.schedule is not None else self.clock.state_dict()
@@ -119,8 +116,7 @@ class Timeline:
 
 def clock_metrics(seconds: float, own: np.ndarray, compute: np.ndarray) -> dict[str, Any]:
   """The metrics of a clock; idle: each worker's own elapsed time minus its compute."""
-  return dict(sim_seconds=seconds,
-              utilization=network_lib.utilization(compute, seconds),
+  return dict(sim_seconds=seconds, utilization=network_lib.utilization(compute, seconds),
               idle_seconds=[round(float(t - c), 6) for t, c in zip(own, compute)])
 
 
