@@ -50,7 +50,8 @@ def _on_mesh(block_fn: Callable, in_axes, mesh: Mesh) -> Callable:
     return jax.shard_map(block_fn, mesh=mesh, in_specs=specs,
                          out_specs=PartitionSpec(WORKERS), axis_names={WORKERS},
                          check_vma=False)(*args)
-  return mapped
+  # Jitted, so that an eager call works too: eager shard_map needs every axis manual.
+  return jax.jit(mapped) if len(mesh.axis_names) > 1 else mapped
 
 
 GRAD_MODES = ('auto', 'vmap', 'map')
@@ -111,7 +112,8 @@ def worker_spread(tree_MxP: PyTree) -> jax.Array:
 
 
 def make_mesh(num_devices: int, num_workers: int, fsdp: int = 1) -> Mesh | None:
-  """A `num_devices` x `fsdp` mesh of axes ("workers", "fsdp"); None for one device.
+  """A `num_devices` x `fsdp` mesh of axes ("workers", "fsdp") ("workers" alone when
+  `fsdp` is 1); None for one device.
 
   Worker blocks are spread over "workers"; each worker's state and batch are sharded
   over the `fsdp` devices of its row (its gradients reduced among them).
@@ -125,8 +127,11 @@ def make_mesh(num_devices: int, num_workers: int, fsdp: int = 1) -> Mesh | None:
   if num_workers % num_devices:
     raise ConfigError(f'num_workers={num_workers} must be divisible by '
                       f'mesh.workers={num_devices} to shard the worker axis.')
-  devices = np.array(jax.devices()[:num_devices * fsdp]).reshape(num_devices, fsdp)
-  return Mesh(devices, (WORKERS, FSDP), axis_types=(jax.sharding.AxisType.Auto,) * 2)
+  devices = np.array(jax.devices()[:num_devices * fsdp])
+  if fsdp == 1:
+    return Mesh(devices, (WORKERS,), axis_types=(jax.sharding.AxisType.Auto,))
+  return Mesh(devices.reshape(num_devices, fsdp), (WORKERS, FSDP),
+              axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
 
 def _fsdp_dim(shape: tuple[int, ...], size: int) -> int | None:

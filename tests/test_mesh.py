@@ -241,3 +241,46 @@ def test_a_workers_x_fsdp_step_shards_the_state_and_splits_the_traffic():
   assert ('all-gather', 'fsdp') in by_groups          # FSDP: parameters gathered in a row
   outer = by_groups['all-reduce', 'workers']           # 2 workers' quarters, summed locally
   assert model_bytes / 4 <= outer <= model_bytes / 4 + 64, (outer, model_bytes)
+
+
+# Every algorithm under shard_map equals the one-device vmap run.
+
+def _run_steps(name, m, mesh, steps=4):
+  from loco import algorithms, model as model_lib, optim
+  from loco.workers import state_shardings
+  alg = algorithms.make(name.split('_matching')[0], optim.inner_optimizer(
+      optim.InnerConfig(decay_steps=10)), mesh=mesh, **ALGORITHMS[name][0])
+  params = model_lib.init_params(model_lib.model_config('nano', vocab_size=64),
+                                 jax.random.key(0))[1]
+  state = alg.init(params, m, jax.random.key(1))
+  shardings = state_shardings(state, mesh)
+  if mesh is not None:
+    state = jax.device_put(state, shardings)
+  step, sent = jax.jit(alg.step), []
+  for t in range(steps):
+    leaves, tree = jax.tree.flatten(state.params)
+    keys = jax.random.split(jax.random.fold_in(jax.random.key(2), t), len(leaves))
+    grads = tree.unflatten([0.1 * jax.random.normal(k, x.shape) for k, x in zip(keys, leaves)])
+    if mesh is not None:
+      grads = jax.device_put(grads, shardings.params)
+    state, info = step(state, grads)
+    sent.append(np.asarray(info.bytes_sent))
+  return jax.device_get(state.params), sent
+
+
+_EQUAL_RUNS = [(n, m) for n in sorted(ALGORITHMS) for m in (8, 16, 32)]
+_DEFAULT_EQUAL = {('diloco', 16), ('gasloc', 32)}   # the rest: pytest -m slow
+
+
+@pytest.mark.parametrize('name,m', [r if r in _DEFAULT_EQUAL else
+                                    pytest.param(*r, marks=pytest.mark.slow)
+                                    for r in _EQUAL_RUNS])
+def test_shard_map_equals_the_one_device_run(name, m):
+  """M workers in blocks of M / 8 on 8 devices: the same params and bytes as the vmap
+  run on one device (every algorithm at M = 8, 16, 32; a few in the default run)."""
+  from loco.workers import make_mesh
+  want, want_sent = _run_steps(name, m, None)
+  got, got_sent = _run_steps(name, m, make_mesh(8, m))
+  np.testing.assert_array_equal(np.stack(got_sent), np.stack(want_sent))
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
