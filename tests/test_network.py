@@ -84,7 +84,8 @@ def test_clock_waits_for_the_slowest_worker_and_overlap_stalls_only_when_late():
   np.testing.assert_array_equal(restored.now, clock.now)
 
 
-@pytest.mark.parametrize('name', ['gasloc', 'adpsgd', 'a2cid2', 'noloco'])
+@pytest.mark.parametrize('name', ['gasloc', 'adpsgd',   # the other two: pytest -m slow
+                                  *(pytest.param(n, marks=pytest.mark.slow) for n in ('a2cid2', 'noloco'))])
 def test_the_clock_times_the_matchings_the_engine_used(nano_config, tmp_path, name):
   """Random matchings on unequal links: the clock times exactly the edges each step
   used, read from the steps' StepInfo (it used to draw its own matchings)."""

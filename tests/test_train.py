@@ -49,7 +49,14 @@ def test_run_writes_outputs_and_resumes_exactly(nano_config, tmp_path):
   assert _comparable(read_metrics(resumed)) == _comparable(records)
 
 
-@pytest.mark.parametrize('name', sorted(algorithms.REGISTRY))
+# One of each engine path in the default run (local updates + all-reduce, gossip, sparse
+# all-gather, fragments, pairwise per-step gossip); every algorithm with pytest -m slow.
+_LOOP_DEFAULT = {'diloco', 'gasloc', 'sparseloco', 'streaming_diloco', 'adpsgd'}
+
+
+@pytest.mark.parametrize('name', [n if n in _LOOP_DEFAULT else
+                                  pytest.param(n, marks=pytest.mark.slow)
+                                  for n in sorted(algorithms.REGISTRY)])
 def test_every_algorithm_trains_through_the_loop(nano_config, tmp_path, name):
   """Donation, checkpointing and metrics work for every registered algorithm."""
   nano_config.algorithm.name = name
@@ -144,7 +151,8 @@ def one_device_diloco(small_corpus_glob, data_dir, tmp_path_factory):
                      tmp_path_factory.mktemp('one'))
 
 
-@pytest.mark.parametrize('mesh_workers,fsdp', [(4, 1), (4, 2), (2, 4)])
+@pytest.mark.parametrize('mesh_workers,fsdp', [
+    (4, 2), (2, 4), pytest.param(4, 1, marks=pytest.mark.slow)])
 def test_mesh_run_matches_the_vmap_run(nano_config, one_device_diloco, tmp_path,
                                        mesh_workers, fsdp):
   """The worker axis over `mesh_workers` of the 8 in-process CPU devices, each worker's
