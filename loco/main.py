@@ -7,9 +7,20 @@ import sys
 import threading
 import traceback
 
-from absl import app
-from absl import logging
-from absl import flags
+
+def _stopped_while_starting(signum, frame):
+  del signum, frame
+  os.write(2, b'loco: stopped: interrupted while starting; nothing was written.\n')
+  os._exit(130)
+
+
+# Ctrl-C during the imports and config loading: one line, not a traceback. main()
+# hands SIGINT back to Python (a KeyboardInterrupt) once the run can report it.
+signal.signal(signal.SIGINT, _stopped_while_starting)
+
+from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _CONFIG = flags.DEFINE_string(
     'config', None, 'Experiment config file (experiments/*.py, or FILE.py:VARIANT); '
@@ -47,16 +58,26 @@ def main(argv):
   workdir = _WORKDIR.value or f'runs/{_config_name()}'
   # SIGTERM (a scheduler, loco.sweep stopping) stops the run like Ctrl-C.
   signal.signal(signal.SIGTERM, _interrupt)
+  signal.signal(signal.SIGINT, signal.default_int_handler)
   _quiet_background_checkpoint_errors()
   try:
     record = train.run(config, workdir)
   except Interrupted as e:
-    print(f'loco: stopped: {e}', file=sys.stderr)
-    sys.exit(130)
+    _exit(f'loco: stopped: {e}', 130)
   except LocoError as e:
-    print(f'loco: error: {e}', file=sys.stderr)
-    sys.exit(1)
+    _exit(f'loco: error: {e}', 1)
   train.print_summary(config, workdir, record)
+
+
+def _exit(line: str, code: int) -> None:
+  """Prints `line` and ends the process at once. Everything durable is on disk by now
+  (rows synced, the in-flight checkpoint committed or abandoned); skipping interpreter
+  shutdown avoids tearing down JAX and orbax threads still inside XLA mid-step, which
+  can crash or hang the exit after an interrupt."""
+  print(line, file=sys.stderr)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)
 
 
 def _quiet_background_checkpoint_errors() -> None:

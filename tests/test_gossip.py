@@ -547,6 +547,7 @@ _DATA_COLLECTIVE = {'sparse': 'collective-permute', 'dense': 'all-gather',
                     'auto': 'all-reduce'}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name,impl', [
     (name, impl) for name in ('ring', 'matching', 'exponential', 'complete')
     for impl in ('sparse', 'dense')] + [('complete', 'auto')])

@@ -206,6 +206,7 @@ def _wait_for(predicate, proc, timeout=180):
   raise AssertionError('timed out')
 
 
+@pytest.mark.slow
 def test_killed_sweep_resumes_without_redoing_finished_runs(tmp_path, nano_file):
   """Kill the launcher (and its run) mid-sweep; the relaunch skips what finished."""
   out = str(tmp_path / 'sweep')
@@ -263,6 +264,7 @@ def get_retimes():
 """
 
 
+@pytest.mark.slow
 def test_a_sweep_re_times_its_finished_synchronous_runs_once(tmp_path, nano_file):
   out = str(tmp_path / 'sweep')
   spec = _spec(tmp_path, f"[Run('a', {nano_file!r}), Run('bad', {nano_file!r}, "
