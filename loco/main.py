@@ -56,9 +56,15 @@ def main(argv):
   from loco import train
   train.enable_compilation_cache()
   workdir = _WORKDIR.value or f'runs/{_config_name()}'
-  # SIGTERM (a scheduler, loco.sweep stopping) stops the run like Ctrl-C.
-  signal.signal(signal.SIGTERM, _interrupt)
-  signal.signal(signal.SIGINT, signal.default_int_handler)
+  # SIGTERM (a scheduler, loco.sweep stopping) stops the run like Ctrl-C. The flag
+  # stops the loop at the next chunk even where a library swallows the KeyboardInterrupt.
+  def interrupt(signum, frame):
+    del signum, frame
+    train.STOP.set()
+    raise KeyboardInterrupt
+
+  signal.signal(signal.SIGTERM, interrupt)
+  signal.signal(signal.SIGINT, interrupt)
   _quiet_background_checkpoint_errors()
   try:
     record = train.run(config, workdir)
@@ -107,11 +113,6 @@ def _quiet_background_checkpoint_errors() -> None:
 
   logging.get_absl_logger().addFilter(keep)
   py_logging.getLogger('asyncio').addFilter(keep)
-
-
-def _interrupt(signum, frame):
-  del signum, frame
-  raise KeyboardInterrupt
 
 
 def _initialize_distributed() -> None:

@@ -370,6 +370,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
         _close_quietly(checkpointer)
 
 
+# Set by loco.main's SIGINT / SIGTERM handler: the loop stops before its next chunk.
+STOP = threading.Event()
+
+
 class _Phases:
   """Wall seconds of the start-up phases (into a caller's dict), and the step reached."""
 
@@ -546,6 +550,8 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
   step = start
   pending = None          # (end_step, k, outputs) of the chunk in flight
   while step < total:
+    if STOP.is_set():
+      raise KeyboardInterrupt
     k, batches, contexts, valid, data_state = next_chunk(step)
     if compiled is None:
       clock.lap('first_batch')

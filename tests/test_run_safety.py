@@ -318,6 +318,17 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(nano_config, tmp_path
   assert _comparable(read_metrics(workdir)) == _comparable(read_metrics(full))
 
 
+def test_a_swallowed_interrupt_still_stops_the_loop(nano_config, tmp_path):
+  """The signal handler also sets train.STOP: a KeyboardInterrupt that a library caught
+  (a CI run once trained on for 20 minutes after Ctrl-C) still stops the next chunk."""
+  train.STOP.set()
+  try:
+    with pytest.raises(Interrupted, match='the same command resumes'):
+      train.run(nano_config, str(tmp_path / 'run'))
+  finally:
+    train.STOP.clear()
+
+
 @pytest.mark.parametrize('when', ['training', 'starting'])
 def test_sigint_to_the_cli_prints_one_line(tmp_path, small_corpus_glob, data_dir, when):
   """Ctrl-C after 3 rows, or half a second after the start (imports, config, init):
