@@ -470,9 +470,15 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
   state = init(key)
   clock.lap('init')
 
+  # On several hosts each process reads and tokenizes only its own workers' data.
   train_data = data_lib.make_train_iterator(
       exp.data, num_workers=r.num_workers, batch_per_worker=r.batch_per_worker,
-      seq_len=r.seq_len, seed=r.seed)
+      seq_len=r.seq_len, seed=r.seed,
+      workers=workers.process_workers(mesh, r.num_workers, r.batch_per_worker))
+  if jax.process_count() > 1:
+    mine = train_data.workers
+    print(f'loco: process {jax.process_index()} reads the data of workers '
+          f'{mine[0]}-{mine[-1]} of {r.num_workers}.', flush=True)
   eval_batches = jnp.asarray(data_lib.make_eval_batches(
       exp.data, batch_size=r.eval_batch_size, seq_len=r.seq_len,
       num_batches=r.eval_batches))
@@ -505,7 +511,7 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
     contexts = None if timeline is None else timeline.contexts(step, k)
     valid = np.arange(chunk_len) < k
     batches, contexts = _pad_steps((batches, contexts), chunk_len)
-    return (k, workers.shard_steps(jnp.asarray(batches), mesh), contexts, valid,
+    return (k, workers.shard_steps(batches, mesh, r.num_workers), contexts, valid,
             train_data.get_state())
 
   # Throughput: wall time between consecutive chunk results, less compilation,
@@ -579,7 +585,7 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
           if is_main:
             wd.mark_diverged(step, message)
           raise DivergenceError(message)
-        checkpointer.save(step, state, data_state, counters.as_dict())
+        checkpointer.save(step, state, _every_position(data_state), counters.as_dict())
       t_mark = time.perf_counter()
     if clock.wants('first_chunk'):
       jax.block_until_ready(outputs)
@@ -606,6 +612,17 @@ def _fetch(tree):
     return jax.device_get(tree)
   from jax.experimental import multihost_utils
   return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def _every_position(data_state: dict[str, Any]) -> dict[str, Any]:
+  """The data state with every worker's position: on several hosts each process
+  knows only the workers it reads (None for the others), so they are gathered."""
+  if jax.process_count() == 1:
+    return data_state
+  from jax.experimental import multihost_utils
+  mine = np.array([(-1, -1) if p is None else p for p in data_state['workers']], np.int32)
+  every = multihost_utils.process_allgather(mine).max(axis=0)   # [processes, M, 2] -> [M, 2]
+  return dict(data_state, workers=every.tolist())
 
 
 class _NoWriter:

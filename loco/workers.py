@@ -176,11 +176,41 @@ def steps_sharding(mesh: Mesh | None, batch_per_worker: int = 1) -> NamedShardin
       None, WORKERS, FSDP if fsdp > 1 and batch_per_worker % fsdp == 0 else None))
 
 
-def shard_steps(batches_KxM, mesh: Mesh | None):
-  """Places a [steps, workers, batch, ...] array of batches (`steps_sharding`)."""
+def process_workers(mesh: Mesh | None, num_workers: int, batch_per_worker: int = 1) -> list[int]:
+  """The workers whose batches this process's devices hold (all of them on one host).
+
+  On several hosts each process loads only these workers' data (`shard_steps`
+  assembles the global array from every process's rows)."""
+  if mesh is None or jax.process_count() == 1:
+    return list(range(num_workers))
+  index_map = steps_sharding(mesh, batch_per_worker).addressable_devices_indices_map(
+      (1, num_workers, batch_per_worker))
+  mine = sorted({w for index in index_map.values()
+                 for w in range(*index[1].indices(num_workers))})
+  if mine != list(range(mine[0], mine[-1] + 1)):
+    raise ConfigError(f'process {jax.process_index()} holds workers {mine}, not a '
+                      'contiguous block; put each process\'s devices in whole mesh rows.')
+  return mine
+
+
+def shard_steps(batches_KxM, mesh: Mesh | None, num_workers: int | None = None):
+  """Places a [steps, workers, batch, ...] array of batches (`steps_sharding`).
+
+  On one host `batches_KxM` holds every worker; on several it holds this process's
+  `process_workers` and the global array (of `num_workers`) is assembled from each
+  process's rows, so that no host reads or tokenizes another's data."""
   if mesh is None:
-    return batches_KxM
-  return jax.device_put(batches_KxM, steps_sharding(mesh, batches_KxM.shape[2]))
+    return jnp.asarray(batches_KxM)
+  sharding = steps_sharding(mesh, batches_KxM.shape[2])
+  if jax.process_count() == 1:
+    return jax.device_put(batches_KxM, sharding)
+  first = process_workers(mesh, num_workers, batches_KxM.shape[2])[0]
+  shape = (batches_KxM.shape[0], num_workers, *batches_KxM.shape[2:])
+
+  def rows(index):
+    start, stop, _ = index[1].indices(num_workers)
+    return batches_KxM[(index[0], slice(start - first, stop - first), *index[2:])]
+  return jax.make_array_from_callback(shape, sharding, rows)
 
 
 def state_shardings(state, mesh: Mesh | None):

@@ -357,6 +357,29 @@ def test_exact_resume(which, stdlib_cfg, text_cfg):
     other.set_state({'step': 3})
 
 
+def test_a_process_reads_only_its_workers_and_resumes_from_the_whole_state(text_cfg):
+  """A multi-host process builds only its own workers' streams: the same rows as the
+  full iterator's, its state has None for the others, and the gathered state of all
+  workers restores it."""
+  kwargs = dict(num_workers=4, batch_per_worker=2, seq_len=31, seed=3)
+  full = ld.make_train_iterator(text_cfg, **kwargs)
+  part = ld.make_train_iterator(text_cfg, **kwargs, workers=[2, 3])
+  assert part.workers == [2, 3]
+  for _ in range(7):
+    np.testing.assert_array_equal(next(part), next(full)[2:])
+  state = part.get_state()
+  assert state['workers'][:2] == [None, None]
+  assert state['workers'][2:] == full.get_state()['workers'][2:]
+  whole = json.loads(json.dumps(full.get_state()))
+  expected = [next(full)[2:] for _ in range(3)]
+  again = ld.make_train_iterator(text_cfg, **kwargs, workers=[2, 3])
+  again.set_state(whole)
+  for want in expected:
+    np.testing.assert_array_equal(next(again), want)
+  with pytest.raises(errors.DataError, match='not a loco.data state'):
+    again.set_state(state)    # positions missing: not a whole state
+
+
 def test_eval_batches(stdlib_cfg, text_cfg):
   batches = ld.make_eval_batches(stdlib_cfg, batch_size=16, seq_len=256,
                                  num_batches=32)

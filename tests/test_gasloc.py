@@ -109,6 +109,63 @@ def test_gasloc_round_on_a_ring_by_hand():
   np.testing.assert_array_equal(sizes[1], 2 * (10 + 2) * 4)    # two neighbours, 12 floats
 
 
+# GASLoC as stated (form='proposed_points'): theta <- W_alpha y + gamma (y - y_prev),
+# y = theta - eta Delta.
+
+def test_proposed_points_on_the_complete_graph_without_momentum_is_diloco_with_outer_sgd():
+  ref, ref_infos = _train(algorithms.make('diloco', _inner(), sync_every=3,
+                                          outer_optimizer='sgd', outer_lr=0.6), 4)
+  got, got_infos = _train(algorithms.make('gasloc', _inner(), sync_every=3,
+                                          form='proposed_points', topology='complete',
+                                          weights='uniform', outer_lr=0.6,
+                                          outer_momentum=0.0), 4)
+  for name in ('params', 'anchor'):
+    for u, v in zip(jax.tree.leaves(getattr(got, name)), jax.tree.leaves(getattr(ref, name))):
+      np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-7)
+  for a, b in zip(got_infos, ref_infos):
+    np.testing.assert_array_equal(a.bytes_sent, b.bytes_sent)
+
+
+@pytest.mark.parametrize('topology', ['ring', 'exponential'])
+def test_proposed_points_at_eta_1_without_momentum_is_the_reconstruction_at_outer_sgd_1(topology):
+  kw = dict(sync_every=3, topology=topology, outer_lr=1.0, gossip_step=0.8)
+  ref, ref_infos = _train(algorithms.make('gasloc', _inner(), outer_optimizer='sgd',
+                                          outer_momentum=0.0, **kw), 8)
+  got, got_infos = _train(algorithms.make('gasloc', _inner(), form='proposed_points',
+                                          outer_momentum=0.0, **kw), 8)
+  _assert_trees_equal(got.params, ref.params)
+  _assert_trees_equal(got.anchor, ref.anchor)
+  for a, b in zip(got_infos, ref_infos):
+    np.testing.assert_array_equal(a.bytes_sent, b.bytes_sent)
+
+
+def test_proposed_points_rounds_on_a_ring_by_hand():
+  """Three rounds of H = 2 inner SGD steps; eta, alpha != 1 and heavy-ball gamma on the
+  proposed points (none before the first)."""
+  m, lr, eta, alpha, gamma = 6, 0.1, 0.8, 0.5, 0.6
+  alg = algorithms.make('gasloc', optax.sgd(lr), sync_every=2, topology='ring',
+                        form='proposed_points', outer_lr=eta, gossip_step=alpha,
+                        outer_momentum=gamma)
+  params, x, y, loss = _problem(m)
+  state = alg.init(params, m, jax.random.PRNGKey(0))
+  step = jax.jit(alg.step)
+  w = topology_lib.make_topology('ring', m).weights
+  w_alpha = (1 - alpha) * np.eye(m) + alpha * w          # I - alpha Lambda
+  theta = _flat(state.anchor)
+  phi, previous = theta.copy(), None
+  for t in range(6):
+    grads = jax.vmap(jax.grad(loss))(state.params, x[t], y[t])
+    phi = phi - lr * _flat(grads)
+    state, _ = step(state, grads)
+    if t % 2 == 1:
+      proposed = theta + eta * (phi - theta)
+      theta = w_alpha @ proposed + (0.0 if previous is None else gamma * (proposed - previous))
+      phi, previous = theta.copy(), proposed
+      np.testing.assert_allclose(_flat(state.anchor), theta, atol=1e-6)
+  np.testing.assert_allclose(_flat(state.params), theta, atol=1e-6)
+  assert not np.allclose(theta[0], theta[1])     # the ring has not reached consensus
+
+
 def test_a_dead_worker_keeps_its_own_round():
   """Gossip drops a dead worker's edges: it steps on its own delta, the rest mix."""
   m = 4
@@ -238,3 +295,8 @@ def test_bad_input():
     algorithms.make('dsgd', optax.sgd(0.1), gossip_step=0.0)
   with pytest.raises(ConfigError, match='does not take'):
     algorithms.make('a2cid2', optax.sgd(0.1), sync_every=5)
+  with pytest.raises(ConfigError, match='algorithm.form must be one of diloco_outer, '
+                                        'proposed_points'):
+    algorithms.make('gasloc', optax.sgd(0.1), form='stated')
+  with pytest.raises(ConfigError, match="form='proposed_points'.*mix 'models' only"):
+    algorithms.make('gasloc', optax.sgd(0.1), form='proposed_points', mix='deltas')

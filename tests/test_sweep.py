@@ -363,11 +363,14 @@ def _two_processes(workdir, port, *flags):
 @pytest.mark.slow
 def test_two_processes_match_one_process_with_eight_devices(tmp_path, nano_file):
   """Two CPU processes of 4 devices each over Gloo, on a 2 x 4 workers x fsdp mesh (a
-  process per row: the workers axis crosses hosts, fsdp stays inside one), give the
-  one-process, 8-device numbers; a checkpoint written by both resumes in both."""
+  process per row: the workers axis crosses hosts, fsdp stays inside one), each reading
+  only its own workers' data, give the one-process, 8-device numbers; a checkpoint
+  written by both (every worker's data position gathered) resumes in both."""
   outputs = _two_processes(tmp_path / 'multi', _free_port(), nano_file, *_TWO_PROCESSES[:-1],
                            '--config.steps=2')
   assert 'loco: process 1 of 2, 4 local of 8 devices.' in outputs[1]
+  for i, rows in enumerate(['0-1', '2-3']):    # each process reads only its row's workers
+    assert f'loco: process {i} reads the data of workers {rows} of 4.' in outputs[i]
   _two_processes(tmp_path / 'multi', _free_port(), nano_file, *_TWO_PROCESSES)   # resumes
   one = subprocess.run(
       [sys.executable, '-m', 'loco.main', f'--config={nano_file}',

@@ -1,5 +1,8 @@
 """GASLoC: decentralized DiLoCo, the all-reduce replaced by gossip over a graph."""
 
+from typing import Any, NamedTuple
+
+import jax.numpy as jnp
 import optax
 
 from loco import comm
@@ -9,9 +12,49 @@ from loco.engine import Algorithm, AsyncReplay, local_updates
 from loco.errors import ConfigError
 
 
+FORMS = ('diloco_outer', 'proposed_points')
+
+
+class ProposalState(NamedTuple):
+  mixer: Any            # the gossip link's state
+  previous: Any         # y_{t-1}, float32 (empty when gamma = 0)
+  started: jnp.ndarray  # bool: a previous proposal exists
+
+
+def proposed_point_gossip(mixer: optax.GradientTransformationExtraArgs, eta: float,
+                          gamma: float) -> optax.GradientTransformationExtraArgs:
+  """GASLoC's update as stated (REFERENCES.md): gossip the proposed points, heavy-ball.
+
+  Per worker, with `Delta = theta - phi` (so the drift is `g = -Delta`): the proposed
+  point `y = theta - eta Delta`, then `theta <- y - alpha Lambda y + gamma (y - y_prev)`,
+  where `y - alpha Lambda y` is `mixer` (a `comm.gossip(mix='models')` link of step
+  alpha) and `y_prev` this worker's previous proposed point (none at the first round).
+  Returns the anchor's update `theta_new - theta`.
+  """
+  def init(params):
+    previous = optax.tree.zeros_like(optax.tree.cast(params, jnp.float32)) if gamma else ()
+    return ProposalState(mixer.init(params), previous, jnp.zeros((), bool))
+
+  def update(delta, state, params=None, **extra):
+    step = optax.tree.scale(eta, optax.tree.cast(delta, jnp.float32))
+    # The link mixes the models `params - step` = y and returns theta - (W_alpha y).
+    mixed, mixer_state = mixer.update(step, state.mixer, params, **extra)
+    out = optax.tree.scale(-1.0, mixed)
+    previous = state.previous
+    if gamma:
+      y = optax.tree.sub(optax.tree.cast(params, jnp.float32), step)
+      velocity = optax.tree.scale(gamma, optax.tree.sub(y, state.previous))
+      out = optax.tree.where(state.started, optax.tree.add(out, velocity), out)
+      previous = y
+    return (optax.tree.cast_like(out, delta),
+            ProposalState(mixer_state, previous, jnp.ones((), bool)))
+
+  return optax.GradientTransformationExtraArgs(init, update)
+
+
 def gasloc(inner: optax.GradientTransformation, *, sync_every: int = 500,
            topology: str = 'ring', weights: str = 'metropolis', mix: str = 'models',
-           outer_optimizer: str = 'nesterov', outer_lr: float = 0.7,
+           form: str = 'diloco_outer', outer_optimizer: str = 'nesterov', outer_lr: float = 0.7,
            outer_momentum: float = 0.9, gossip_step: float = 1.0,
            transport_dtype: str = 'float32', seed: int = 0,
            outer: optax.GradientTransformation | None = None, mesh=None) -> Algorithm:
@@ -22,7 +65,16 @@ def gasloc(inner: optax.GradientTransformation, *, sync_every: int = 500,
   this worker's own `(theta_i, m_i)` (Nesterov by default), where the outer momentum
   doubles as gossip acceleration. With `mix='deltas'` the pseudo-gradients are
   gossiped instead. On the complete graph W = 11^T/M is the all-reduce and GASLoC is
-  DiLoCo exactly.
+  DiLoCo exactly. This is `form='diloco_outer'`, loco's reconstruction from the
+  abstract.
+
+  `form='proposed_points'` is the update as a later third-party statement of the paper
+  gives it (REFERENCES.md): gossip of the proposed points `y_i = theta_i + eta g_i`
+  (`g_i = phi_i - theta_i`) with step alpha, and heavy-ball gamma on consecutive proposed
+  points, `theta <- y - alpha Lambda y + gamma (y - y_prev)`, with eta = `outer_lr`,
+  alpha = `gossip_step`, gamma = `outer_momentum` (`outer_optimizer` and `mix` unused).
+  The forms agree at eta = 1, gamma = 0 and outer SGD lr 1; on the complete graph with
+  gamma = 0 it is DiLoCo with outer SGD at lr eta.
 
   The defaults are DiLoCo's (H 500, Nesterov 0.7 / 0.9, arXiv 2311.08105), so that
   `topology='complete'` reproduces `diloco()` at its defaults; like DiLoCo's, they
@@ -38,6 +90,8 @@ def gasloc(inner: optax.GradientTransformation, *, sync_every: int = 500,
       `loco.topology.Topology`; it must fit num_workers.
     weights: 'metropolis' or 'uniform' mixing weights.
     mix: 'models' (the paper's reconstruction) or 'deltas'.
+    form: 'diloco_outer' (gossip the local models, then a DiLoCo outer optimizer) or
+      'proposed_points' (the stated form: gossip y = theta + eta g, heavy-ball on y).
     outer_optimizer: 'nesterov', 'heavy_ball', 'sgd' or 'adam'.
     outer_lr: outer learning rate.
     outer_momentum: outer momentum.
@@ -53,12 +107,24 @@ def gasloc(inner: optax.GradientTransformation, *, sync_every: int = 500,
   References:
     GASLoC, arXiv 2606.11081; DiLoCo, arXiv 2311.08105.
   """
-  if outer is None:
-    outer = optim.outer_optimizer(outer_optimizer, outer_lr, outer_momentum)
+  if form not in FORMS:
+    raise ConfigError(f'algorithm.form must be one of {", ".join(FORMS)}, got {form!r}.')
   if mix not in ('models', 'deltas'):
     raise ConfigError(f"algorithm.mix must be 'models' or 'deltas', got {mix!r}.")
-  mixer = comm.gossip(topology, mix, step_size=gossip_step, dtype=transport_dtype,
-                      weights=weights, seed=seed)
-  algorithm = local_updates(inner, optax.chain(mixer, outer), sync_every=sync_every, mesh=mesh)
+  if form == 'proposed_points':
+    if outer is not None or mix != 'models':
+      raise ConfigError("algorithm.form='proposed_points' gossips the proposed points "
+                        "with its own heavy-ball step: it takes no outer chain and mix "
+                        "'models' only.")
+    mixer = comm.gossip(topology, 'models', step_size=gossip_step, dtype=transport_dtype,
+                        weights=weights, seed=seed)
+    outer_chain = proposed_point_gossip(mixer, outer_lr, outer_momentum)
+  else:
+    if outer is None:
+      outer = optim.outer_optimizer(outer_optimizer, outer_lr, outer_momentum)
+    mixer = comm.gossip(topology, mix, step_size=gossip_step, dtype=transport_dtype,
+                        weights=weights, seed=seed)
+    outer_chain = optax.chain(mixer, outer)
+  algorithm = local_updates(inner, outer_chain, sync_every=sync_every, mesh=mesh)
   peers = lambda m: topology_lib.resolve_topology(topology, m, weights=weights, seed=seed).adjacency
   return algorithm._replace(replay=AsyncReplay(sync_every, peers, transport_dtype))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import grain
 import numpy as np
@@ -130,32 +130,42 @@ class _WorkerStream:
 
 
 class TrainIterator:
-  """Endless int32 batches [num_workers, batch_per_worker, seq_len + 1].
+  """Endless int32 batches [len(workers), batch_per_worker, seq_len + 1].
 
-  `get_state()` returns a small JSON-serialisable dict; `set_state(state)` on
-  an iterator made with the same data config, workers and seed continues with
-  exactly the batches the original would have produced next (batch size and
-  sequence length may differ: the state counts documents and tokens).
+  Each batch holds the workers this iterator reads (all `num_workers` by default;
+  on several hosts a process reads only its own). `get_state()` returns a small
+  JSON-serialisable dict with every worker's position (None for a worker not read
+  here: loco.train gathers the processes'); `set_state(state)` on an iterator
+  made with the same data config, workers and seed continues with exactly the
+  batches the original would have produced next (batch size and sequence length may
+  differ: the state counts documents and tokens).
   """
 
-  def __init__(self, streams: list[_WorkerStream], *, batch_per_worker: int,
-               seq_len: int, signature: str):
+  def __init__(self, streams: dict[int, _WorkerStream], *, num_workers: int,
+               batch_per_worker: int, seq_len: int, signature: str):
     self._streams = streams
+    self._num_workers = num_workers
     self._shape = (len(streams), batch_per_worker, seq_len + 1)
     self._signature = signature
+
+  @property
+  def workers(self) -> list[int]:
+    """The workers whose rows this iterator's batches hold, in order."""
+    return list(self._streams)
 
   def __iter__(self) -> TrainIterator:
     return self
 
   def __next__(self) -> np.ndarray:
     batch = np.empty(self._shape, dtype=np.int32)
-    for w, stream in enumerate(self._streams):
-      stream.fill(batch[w].reshape(-1))
+    for row, stream in zip(batch, self._streams.values()):
+      stream.fill(row.reshape(-1))
     return batch
 
   def get_state(self) -> dict[str, Any]:
     return {'format': STATE_FORMAT, 'signature': self._signature,
-            'workers': [s.position for s in self._streams]}
+            'workers': [self._streams[w].position if w in self._streams else None
+                        for w in range(self._num_workers)]}
 
   def set_state(self, state: dict[str, Any]) -> None:
     try:
@@ -165,12 +175,12 @@ class TrainIterator:
     except (KeyError, TypeError, ValueError) as e:
       raise errors.DataError(
           'data iterator state is not a loco.data state (needs format, '
-          f'signature and workers); got {str(state)[:200]}.') from e
+          f'signature and every worker\'s position); got {str(state)[:200]}.') from e
     if fmt != STATE_FORMAT:
       raise errors.DataError(
           f'data iterator state has format {fmt}; this loco reads format '
           f'{STATE_FORMAT}.')
-    if signature != self._signature or len(workers) != len(self._streams):
+    if signature != self._signature or len(workers) != self._num_workers:
       raise errors.DataError(
           'data iterator state was saved for another data setup (source, '
           'split, tokenizer, sharding, number of workers or seed differ); '
@@ -178,12 +188,12 @@ class TrainIterator:
     if any(d < 0 or o < 0 for d, o in workers):
       raise errors.DataError(f'data iterator state has negative positions: '
                              f'{workers}.')
-    for stream, (doc, offset) in zip(self._streams, workers):
-      stream.restore(doc, offset)
+    for w, stream in self._streams.items():
+      stream.restore(*workers[w])
 
   def close(self) -> None:
     """Stops reader threads (TFDS sources); the iterator can still be used."""
-    for stream in self._streams:
+    for stream in self._streams.values():
       stream.close()
 
 
@@ -197,8 +207,8 @@ def _signature(cfg: config_lib.DataConfig, docs: sources.Documents,
 
 
 def make_train_iterator(cfg: config_lib.DataConfig, *, num_workers: int,
-                        batch_per_worker: int, seq_len: int,
-                        seed: int) -> TrainIterator:
+                        batch_per_worker: int, seq_len: int, seed: int,
+                        workers: Sequence[int] | None = None) -> TrainIterator:
   """The training stream of all workers, from `cfg.train_split`.
 
   Args:
@@ -207,9 +217,11 @@ def make_train_iterator(cfg: config_lib.DataConfig, *, num_workers: int,
     batch_per_worker: sequences per worker per batch.
     seq_len: model sequence length; windows have seq_len + 1 tokens.
     seed: seeds the iid share and every worker's per-epoch document order.
+    workers: the workers to read (this process's, on several hosts); all by default.
+      Worker w's stream is the same whichever others are read.
 
   Returns:
-    A TrainIterator of int32 [num_workers, batch_per_worker, seq_len + 1].
+    A TrainIterator of int32 [len(workers), batch_per_worker, seq_len + 1].
   """
   tokenizer = tokenizers.make_tokenizer(cfg)
   docs = sources.open_documents(cfg, cfg.train_split)
@@ -218,13 +230,13 @@ def make_train_iterator(cfg: config_lib.DataConfig, *, num_workers: int,
       noniid_by=cfg.noniid_by, seed=seed)
   tokens = _TokenizedDocs(docs, tokenizer)
   threads = 0 if docs.in_memory else cfg.read_threads
-  streams = [
-      _WorkerStream(tokens, share, sharding.seed32('order', seed, w),
-                    tokenizer.eos_id, threads)
-      for w, share in enumerate(shares)
-  ]
+  streams = {
+      w: _WorkerStream(tokens, shares[w], sharding.seed32('order', seed, w),
+                       tokenizer.eos_id, threads)
+      for w in (range(num_workers) if workers is None else workers)
+  }
   return TrainIterator(
-      streams, batch_per_worker=batch_per_worker, seq_len=seq_len,
+      streams, num_workers=num_workers, batch_per_worker=batch_per_worker, seq_len=seq_len,
       signature=_signature(cfg, docs, tokenizer, num_workers, seed))
 
 
