@@ -164,26 +164,38 @@ def model_config(preset: str, **overrides: Any) -> ModelConfig:
 
 
 class _NormalDraws:
-  """Hands out consecutive slices of one normal draw as scaled params.
+  """Hands out scaled normal draws as params: slices of one draw for small models,
+  one draw per tensor for large ones.
 
   One RNG op for the whole model compiles about 5x faster on CPU than one per
-  tensor (each threefry call is a large unrolled HLO), which is most of the
-  init time of small models. The cost is a transient second copy of the
-  weights during init.
+  tensor (each threefry call is a large unrolled HLO), which is most of the init
+  time of small models; its cost is a transient copy of the weights that a sharded
+  init cannot split (XLA rematerialises the slices in full on every device). Above
+  `PER_TENSOR_FROM` weights (the 150m and 1b presets) each tensor is drawn from its
+  own key (`fold_in(key, index)`), so every device draws only its shard. The rule
+  depends on the model alone: the same config gives the same weights on any mesh.
   """
 
+  PER_TENSOR_FROM = 1 << 25      # 33.5M weights
+
   def __init__(self, key: jax.Array, total: int):
-    self._z = jax.random.normal(key, (total,), jnp.float32)
-    self._offset = 0
+    self._key, self._total = key, total
+    self._per_tensor = total >= self.PER_TENSOR_FROM
+    self._z = None if self._per_tensor else jax.random.normal(key, (total,), jnp.float32)
+    self._offset, self._count = 0, 0
 
   def param(self, shape: tuple[int, ...], std: float) -> nnx.Param:
     size = math.prod(shape)
-    z = self._z[self._offset:self._offset + size]
+    if self._per_tensor:
+      z = jax.random.normal(jax.random.fold_in(self._key, self._count), shape, jnp.float32)
+    else:
+      z = self._z[self._offset:self._offset + size].reshape(shape)
     self._offset += size
-    return nnx.Param(std * z.reshape(shape))
+    self._count += 1
+    return nnx.Param(std * z)
 
   def check_used_up(self) -> None:
-    assert self._offset == self._z.shape[0], (self._offset, self._z.shape)
+    assert self._offset == self._total, (self._offset, self._total)
 
 
 def rope(x_BxLxHxK: jax.Array, positions_L: jax.Array,

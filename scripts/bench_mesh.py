@@ -1,7 +1,7 @@
 """Per-device memory of a training step on a workers x fsdp mesh, to size a run.
 
 Usage: python scripts/bench_mesh.py [--models=tiny,150m,1b] [--meshes=8x1,4x2,8x4,8x8]
-    [--workers=8] [--algorithm=diloco] [--batch=8] [--seq=1024] [--steps=0]
+    [--workers=8] [--algorithm=diloco] [--batch=8] [--seq=1024] [--steps=0] [--init_only]
 
 For each model and mesh (mesh.workers x mesh.fsdp devices) it compiles loco's own
 initialisation (`jax.jit(init, out_shardings=...)`) and one step of its training
@@ -34,6 +34,8 @@ def _parse() -> argparse.Namespace:
   parser.add_argument('--grad_mode', default='vmap')
   parser.add_argument('--steps', type=int, default=0, help='timed steps (accelerators)')
   parser.add_argument('--peak_tflops', type=float, default=0.0)
+  parser.add_argument('--init_only', action='store_true',
+                      help='compile the initialisation only (fast; step columns 0)')
   return parser.parse_args()
 
 
@@ -76,6 +78,11 @@ def measure(preset: str, mesh_workers: int, fsdp: int) -> dict[str, float]:
   graphdef, init, abstract = train.init_state(exp, algorithm, key, mesh)
   start = time.perf_counter()
   init_memory = init.lower(key).compile().memory_analysis()
+  out = dict(init_out=init_memory.output_size_in_bytes, init_temp=init_memory.temp_size_in_bytes,
+             total_state=sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract)),
+             state=0, temp=0)
+  if ARGS.init_only:
+    return dict(out, compile_s=time.perf_counter() - start)
   chunk = train.make_train_chunk(algorithm, exp.model, graphdef, mesh, r.grad_mode)
   batches = jax.ShapeDtypeStruct((1, r.num_workers, r.batch_per_worker, r.seq_len + 1),
                                  jnp.int32,
@@ -83,9 +90,7 @@ def measure(preset: str, mesh_workers: int, fsdp: int) -> dict[str, float]:
   compiled = chunk.lower(abstract, batches, None,
                          jax.ShapeDtypeStruct((1,), jnp.bool_)).compile()
   step_memory = compiled.memory_analysis()
-  out = dict(state=step_memory.argument_size_in_bytes, temp=step_memory.temp_size_in_bytes,
-             init_out=init_memory.output_size_in_bytes, init_temp=init_memory.temp_size_in_bytes,
-             total_state=sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract)),
+  out.update(state=step_memory.argument_size_in_bytes, temp=step_memory.temp_size_in_bytes,
              compile_s=time.perf_counter() - start)
   if ARGS.steps:
     out['tokens_per_s'] = _tokens_per_s(init, key, chunk, batches, exp)

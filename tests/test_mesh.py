@@ -243,6 +243,38 @@ def test_a_workers_x_fsdp_step_shards_the_state_and_splits_the_traffic():
   assert model_bytes / 4 <= outer <= model_bytes / 4 + 64, (outer, model_bytes)
 
 
+@pytest.mark.parametrize('per_tensor', [False, True])
+def test_large_models_draw_per_tensor_so_a_sharded_init_holds_less_than_a_model(
+    per_tensor, monkeypatch):
+  """One normal draw sliced into tensors (small models: compiles fast) is
+  rematerialised whole on every device by a sharded init; above
+  `PER_TENSOR_FROM` weights every tensor has its own key and each device draws only
+  its shard (nano stands in for 150m / 1b here by lowering the threshold)."""
+  from experiments import base
+  from loco import model, train, workers
+  jax.clear_caches()        # init_params' trace is cached per config
+  monkeypatch.setattr(model._NormalDraws, 'PER_TENSOR_FROM', 0 if per_tensor else 1 << 40)
+  try:
+    c = base.get_config()
+    c.model.preset, c.model.vocab_size = 'nano', 256
+    c.num_workers, c.algorithm.name, c.mesh.workers, c.mesh.fsdp = 4, 'diloco', 2, 4
+    exp = train.parse_config(c)
+    mesh = workers.make_mesh(2, 4, 4)
+    _, init, abstract = train.init_state(exp, train.build_algorithm(exp, mesh),
+                                         jax.random.key(0), mesh)
+    one_model = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract.params)) / 4
+    temp = init.lower(jax.random.key(0)).compile().memory_analysis().temp_size_in_bytes
+    assert (temp < one_model) == per_tensor, (temp, one_model)
+    params = init(jax.random.key(0)).params
+    for name in ('embed',):                          # std 0.02, workers equal
+      x = np.asarray(params[name])
+      assert abs(x.std() - 0.02) < 0.002 and np.array_equal(x[0], x[3])
+    qkv = np.asarray(params['blocks'][0]['attn']['qkv'][0])
+    assert not np.allclose(qkv, np.asarray(params['blocks'][1]['attn']['qkv'][0]))
+  finally:
+    jax.clear_caches()
+
+
 # Every algorithm under shard_map equals the one-device vmap run.
 
 def _run_steps(name, m, mesh, steps=4):
