@@ -177,6 +177,35 @@ def test_contributors_versus_workers_division():
     np.testing.assert_array_equal(state.bytes_received, 16.0)
 
 
+def _without_capacity(compressor):
+  """The same compressor, its messages without a capacity: the dense psum path."""
+  def encode(updates, state, *, context=None):
+    message, state = compressor.encode(updates, state, context=context)
+    return message._replace(capacity=None), state
+  return compress.Compressor(compressor.init, encode, compressor.kind)
+
+
+@pytest.mark.parametrize('divide', ['contributors', 'workers'])
+@pytest.mark.parametrize('alive', [None, [True, False, True, True]])
+def test_gathering_only_the_sent_coordinates_equals_the_dense_reduction(divide, alive):
+  """A sparsified tensor travels as (indices, values) at the message's capacity and is
+  scatter-added; the result is the dense psum's (the compiled program's collectives:
+  tests/test_mesh.py)."""
+  codec = lambda: compress.error_feedback(
+      compress.then(compress.topk_chunks(16, 256, dense_below=64), compress.binned()), 0.9)
+  x = {'w': jax.random.normal(jax.random.PRNGKey(0), (4, 64, 64)),
+       'b': jax.random.normal(jax.random.PRNGKey(1), (4, 8))}       # 'b': sent whole
+  alive = None if alive is None else jnp.array(alive)
+  def run(compressor):
+    link = comm.sparse_all_gather_mean(compressor, divide=divide)
+    a = jnp.ones((4,), bool) if alive is None else alive
+    one = lambda t, a: link.update(t, link.init(t), context=WorkerContext(alive=a))[0]
+    return jax.vmap(one, axis_name='workers')(x, a)
+  got, want = run(codec()), run(_without_capacity(codec()))
+  for u, v in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-7)
+
+
 def test_dead_workers_are_left_out_of_the_all_gather():
   x = jnp.array([[1.0, 1.0], [3.0, 3.0], [50.0, 50.0]])
   alive = jnp.array([True, True, False])

@@ -10,9 +10,12 @@ which coordinates it sent (for the per-coordinate average). So a compressor goes
         sgd(1.0))
 
 Like `all_reduce_mean`, these run inside the engine's per-worker map and only use
-named-axis collectives (`lax.psum`). Values are decoded and reduced in float32; the
-reduction is simulated on the dense decoded trees, which is exact: summing what each
-worker's receivers decode is what the real all-gather-then-scatter-add computes.
+named-axis collectives. Values are decoded and reduced in float32. The sparse
+all-gather gathers, for each sparsified tensor, only the sent coordinates (int32
+indices and decoded float32 values, at the message's static capacity) and
+scatter-adds them, as a real all-gather-then-scatter-add does; tensors sent whole are
+summed by a `psum` of the decoded values. The bytes counted are the encoded payload
+(packed indices, 2-bit codes, scales), which the program does not bit-pack.
 """
 
 from typing import Any, NamedTuple
@@ -50,6 +53,22 @@ def _compressor_or_identity(compressor):
 
 def _weighted(tree, weight):
   return optax.tree.scale(weight, optax.tree.cast(tree, jnp.float32))
+
+
+def _gathered_sum(decoded, mask, capacity: int, weight, axis_name):
+  """Every worker's sent coordinates of one tensor, gathered and scatter-added:
+  (sum of the weighted decoded values, number of weighted senders), both dense."""
+  flat_mask = mask.reshape(-1)
+  index = jnp.nonzero(flat_mask, size=capacity, fill_value=0)[0].astype(jnp.int32)
+  sent = jnp.where(weight > 0, jnp.sum(flat_mask, dtype=jnp.int32), 0)
+  value = jnp.where(jnp.arange(capacity) < sent,
+                    decoded.reshape(-1).astype(jnp.float32)[index], 0.0)
+  index_MxK, value_MxK, sent_M = comm_axis.all_gather((index, value, sent), axis_name)
+  valid_MxK = (jnp.arange(capacity)[None, :] < sent_M[:, None]).astype(jnp.float32)
+  zeros = jnp.zeros((mask.size,), jnp.float32)
+  summed = zeros.at[index_MxK.reshape(-1)].add(value_MxK.reshape(-1))
+  count = zeros.at[index_MxK.reshape(-1)].add(valid_MxK.reshape(-1))
+  return summed.reshape(mask.shape), count.reshape(mask.shape)
 
 
 def _init(compressor, axis_name):
@@ -103,14 +122,22 @@ def sparse_all_gather_mean(
     alive = alive_of(context)
     weight = alive.astype(jnp.float32)
     message, inner = compressor.encode(updates, state.compressor, context=context)
-    summed = comm_axis.psum(_weighted(message.decoded, weight), axis_name)
     alive_count = comm_axis.psum(weight, axis_name)
-    if divide == 'workers' or message.mask is None:
-      count = jax.tree.map(lambda _: alive_count, summed)
-    else:
-      count = comm_axis.psum(_weighted(message.mask, weight), axis_name)
-    mean = jax.tree.map(lambda s, c, u: (s / jnp.maximum(c, 1.0)).astype(u.dtype),
-                        summed, count, updates)
+    leaves, treedef = jax.tree.flatten(updates)
+    decoded = treedef.flatten_up_to(message.decoded)
+    masks = [None] * len(leaves) if message.mask is None else treedef.flatten_up_to(message.mask)
+    capacity = message.capacity or (None,) * len(leaves)
+    means = []
+    for x, d, m, k in zip(leaves, decoded, masks, capacity):
+      if m is not None and k is not None and 2 * k < m.size:   # gather only what was sent
+        summed, count = _gathered_sum(d, m, k, weight, axis_name)
+      else:                                                   # sent whole: a dense sum
+        summed = comm_axis.psum(_weighted(d, weight), axis_name)
+        count = alive_count if m is None else comm_axis.psum(_weighted(m, weight), axis_name)
+      if divide == 'workers' or m is None:
+        count = alive_count
+      means.append((summed / jnp.maximum(count, 1.0)).astype(x.dtype))
+    mean = jax.tree.unflatten(treedef, means)
     sent = jnp.asarray(message.bits, jnp.float32) / 8.0 * weight
     received = comm_axis.psum(sent, axis_name) - sent
     events = jnp.where(alive, alive_count > 1, alive_count > 0)

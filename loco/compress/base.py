@@ -24,12 +24,16 @@ class Message(NamedTuple):
     index_bits: bits of the sent indices.
     value_bits: bits of the sent values.
     meta_bits: bits of scales, shifts and codebooks.
+    capacity: per tensor (in tree order), the most coordinates the message can send
+      (a static bound: the kept values of a top-k); None when unknown or dense. A
+      collective uses it to gather only what was sent.
   """
   decoded: PyTree
   mask: PyTree | None
   index_bits: Bits
   value_bits: Bits
   meta_bits: Bits
+  capacity: tuple[int, ...] | None = None
 
   @property
   def bits(self) -> Bits:

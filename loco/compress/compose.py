@@ -46,7 +46,7 @@ def then(sparsifier: Compressor, quantizer: Compressor) -> Compressor:
     coded, second = quantizer.encode(selection.values, state.second, context=context)
     decoded, mask = selection.scatter(coded.decoded)
     message = Message(decoded, mask, selection.index_bits, coded.value_bits,
-                      coded.meta_bits)
+                      coded.meta_bits, selection.capacity)
     return message, ComposedState(jnp.float32(message.bits), first, second)
 
   return Compressor(init, encode, 'sparsifier')

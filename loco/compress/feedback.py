@@ -58,7 +58,7 @@ def error_feedback(compressor: Compressor, beta: float = 0.95) -> Compressor:
                  else jax.tree.map(lambda m: m & alive, message.mask))
     gate = alive.astype(jnp.float32)
     message = Message(sent, sent_mask, message.index_bits * gate,
-                      message.value_bits * gate, message.meta_bits * gate)
+                      message.value_bits * gate, message.meta_bits * gate, message.capacity)
     return message, ErrorFeedbackState(jnp.float32(message.bits), optax.tree.sub(e, sent),
                                        inner)
 

@@ -21,10 +21,13 @@ class Selection(NamedTuple):
       for chunked top-k), or one for the whole tree (`topk_global(scope='tree')`).
     index_bits: bits of the indices that locate them.
     scatter: maps coded `values` (same shapes) to the dense `(decoded, mask)` trees.
+    capacity: kept values per tensor (`Message.capacity`); None for a whole-tree
+      selection.
   """
   values: list[jax.Array]
   index_bits: int
   scatter: Callable[[list[jax.Array]], tuple[PyTree, PyTree]]
+  capacity: tuple[int, ...] | None = None
 
 
 class RandomKState(NamedTuple):
@@ -40,7 +43,7 @@ def sparsifier(init: Callable, select: Callable) -> Compressor:
     selection, state = select(updates, state, context=context)
     decoded, mask = selection.scatter(selection.values)
     value_bits = sum(size(v) * value_width(v) for v in selection.values)
-    message = Message(decoded, mask, selection.index_bits, value_bits, 0)
+    message = Message(decoded, mask, selection.index_bits, value_bits, 0, selection.capacity)
     return message, state._replace(bits=jnp.float32(message.bits))
 
   return Compressor(init, encode, 'sparsifier', select)
@@ -53,7 +56,8 @@ def _leafwise(treedef, outs) -> Selection:
     return (jax.tree.unflatten(treedef, [d for d, _ in pairs]),
             jax.tree.unflatten(treedef, [m for _, m in pairs]))
 
-  return Selection([o[0] for o in outs], sum(o[1] for o in outs), scatter)
+  return Selection([o[0] for o in outs], sum(o[1] for o in outs), scatter,
+                   tuple(size(o[0]) for o in outs))
 
 
 def _index_width(n: int) -> int:
