@@ -45,6 +45,11 @@ def names(axis_name: str = WORKERS) -> tuple[str, ...]:
   return (axis_name, BLOCK) if _bound(BLOCK) else (axis_name,)
 
 
+def on_mesh() -> bool:
+  """Whether the worker axis spans devices (a shard_map block is bound here)."""
+  return _bound(BLOCK)
+
+
 def axis_size(axis_name: str = WORKERS) -> int:
   """M, the number of workers (static)."""
   return math.prod(jax.lax.axis_size(n) for n in names(axis_name))

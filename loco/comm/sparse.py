@@ -10,12 +10,13 @@ which coordinates it sent (for the per-coordinate average). So a compressor goes
         sgd(1.0))
 
 Like `all_reduce_mean`, these run inside the engine's per-worker map and only use
-named-axis collectives. Values are decoded and reduced in float32. The sparse
+named-axis collectives. Values are decoded and reduced in float32. On a mesh the sparse
 all-gather gathers, for each sparsified tensor, only the sent coordinates (int32
 indices and decoded float32 values, at the message's static capacity) and
-scatter-adds them, as a real all-gather-then-scatter-add does; tensors sent whole are
-summed by a `psum` of the decoded values. The bytes counted are the encoded payload
-(packed indices, 2-bit codes, scales), which the program does not bit-pack.
+scatter-adds them, as a real all-gather-then-scatter-add does; on one device, and for
+tensors sent whole, a `psum` of the dense decoded values gives the same sums faster.
+The bytes counted are the encoded payload (packed indices, 2-bit codes, scales), which
+the program does not bit-pack.
 """
 
 from typing import Any, NamedTuple
@@ -34,6 +35,7 @@ from loco.comm import axis as comm_axis
 PyTree = Any
 
 DIVIDE = ('contributors', 'workers')
+TRANSPORTS = ('auto', 'gather', 'dense')
 
 
 class CompressedCommState(NamedTuple):
@@ -79,7 +81,7 @@ def _init(compressor, axis_name):
 
 def sparse_all_gather_mean(
     compressor: compress.Compressor | None = None, *, divide: str = 'contributors',
-    axis_name: str = WORKERS) -> optax.GradientTransformationExtraArgs:
+    transport: str = 'auto', axis_name: str = WORKERS) -> optax.GradientTransformationExtraArgs:
   """All-gathers every worker's compressed message and averages the decoded values.
 
   Each alive worker encodes its updates with `compressor` and sends its message
@@ -105,6 +107,10 @@ def sparse_all_gather_mean(
     compressor: the compressor each worker applies (None: dense, at the updates'
       dtype).
     divide: 'contributors' or 'workers', the per-coordinate denominator.
+    transport: how the simulation moves sparsified tensors (same numbers): 'gather'
+      their (index, value) pairs, 'dense' a psum of the decoded tensors, or 'auto'
+      (gather on a mesh, where it is the traffic; dense on one device, where it is
+      faster: 541 vs 763 ms per tiny 8-worker sync step on a 2-core CPU).
     axis_name: the worker axis name.
 
   Returns:
@@ -115,6 +121,8 @@ def sparse_all_gather_mean(
   """
   if divide not in DIVIDE:
     raise ConfigError(f'algorithm.aggregation must be one of {DIVIDE}, got {divide!r}.')
+  if transport not in TRANSPORTS:
+    raise ConfigError(f'transport must be one of {TRANSPORTS}, got {transport!r}.')
   compressor = _compressor_or_identity(compressor)
 
   def update(updates, state, params=None, *, context: WorkerContext | None = None, **extra):
@@ -126,7 +134,8 @@ def sparse_all_gather_mean(
     leaves, treedef = jax.tree.flatten(updates)
     decoded = treedef.flatten_up_to(message.decoded)
     masks = [None] * len(leaves) if message.mask is None else treedef.flatten_up_to(message.mask)
-    capacity = message.capacity or (None,) * len(leaves)
+    gather = transport == 'gather' or (transport == 'auto' and comm_axis.on_mesh())
+    capacity = message.capacity if gather and message.capacity else (None,) * len(leaves)
     means = []
     for x, d, m, k in zip(leaves, decoded, masks, capacity):
       if m is not None and k is not None and 2 * k < m.size:   # gather only what was sent
