@@ -15,6 +15,10 @@ def get_config() -> config_dict.ConfigDict:
   c.steps = 1000                    # inner steps per worker
   c.batch_per_worker = 16           # sequences per worker per inner step
   c.seq_len = 128                   # tokens per sequence (<= model.max_seq_len)
+  c.init_from = ''                  # warm start: a run's workdir (its latest checkpoint) or a
+                                    # checkpoints/<step> folder; '' = from scratch
+  c.init_inner_state = 'fresh'      # warm start: fresh | carried (the source's inner state,
+                                    # averaged over its workers)
 
   c.model = config_dict.ConfigDict()
   c.model.preset = 'tiny'           # nano | tiny | 60m | 150m | 400m | 1b (loco/model.py)

@@ -66,10 +66,47 @@ def _loaded(x, like):
   return jax.random.wrap_key_data(x, impl=jax.random.key_impl(like)) if _is_key(like) else x
 
 
-def _lookup(tree: dict[str, Any], path) -> Any:
+def lookup(tree: dict[str, Any], path) -> Any:
+  """The entry of a `named` dict at a pytree key path."""
   for entry in path:
     tree = tree[_key_name(entry)]
   return tree
+
+
+def read_named_state(path: str) -> tuple[str, dict[str, Any]]:
+  """The train state of a checkpoint, as saved (`named`, host arrays), for a warm start.
+
+  Args:
+    path: a workdir (its latest checkpoint), its `checkpoints/` folder, or one
+      `checkpoints/<step>/` folder.
+
+  Returns:
+    (the checkpoint's folder, its named state).
+  """
+  path = os.path.abspath(path)
+  step = None
+  if re.fullmatch(r'\d+', os.path.basename(path)) and os.path.isdir(path):
+    path, step = os.path.dirname(path), int(os.path.basename(path))
+  elif os.path.isdir(os.path.join(path, 'checkpoints')):
+    path = os.path.join(path, 'checkpoints')
+  if not os.path.isdir(path):
+    raise CheckpointError(f'init_from: {path} does not exist.')
+  manager = ocp.CheckpointManager(path, item_names=ITEMS,
+                                  options=ocp.CheckpointManagerOptions(create=False))
+  try:
+    step = manager.latest_step() if step is None else step
+    if step is None:
+      raise CheckpointError(f'init_from: no finished checkpoint in {path}.')
+    where = os.path.join(path, str(step))
+    try:
+      restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    except Exception as e:  # orbax raises many types for unreadable files.
+      first = (str(e).strip().splitlines() or [''])[0][:200]
+      raise CheckpointError(f'init_from: the checkpoint at {where} cannot be read '
+                            f'({type(e).__name__}: {first}).') from e
+    return where, restored['state']
+  finally:
+    manager.close()
 
 
 class Checkpointer:
@@ -130,7 +167,7 @@ class Checkpointer:
           state=ocp.args.StandardRestore(abstract),
           data=ocp.args.JsonRestore(),
           host=ocp.args.JsonRestore()))
-      leaves = [_loaded(_lookup(restored['state'], path), x)
+      leaves = [_loaded(lookup(restored['state'], path), x)
                 for path, x in jax.tree_util.tree_flatten_with_path(like)[0]]
     except Exception as e:  # orbax raises many types for unreadable or mismatched files.
       first = (str(e).strip().splitlines() or [''])[0][:200]

@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -29,11 +29,15 @@ from loco import network as network_lib
 from loco import optim
 from loco import timeline as timeline_lib
 from loco import workers
+from loco import checkpoint as checkpoint_lib
 from loco.checkpoint import Checkpointer
 from loco.engine import Algorithm, LocoState
 from loco import workdir as workdir_lib
 from loco.errors import ConfigError, DivergenceError, Interrupted, WorkdirError
 from loco.metrics import MetricsWriter, ProgressBar
+
+
+INNER_STATES = ('fresh', 'carried')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,12 +59,17 @@ class RunConfig:
   mesh_fsdp: int
   grad_mode: str
   progress: bool
+  init_from: str = ''
+  init_inner_state: str = 'fresh'
 
   def __post_init__(self):
     for key in ('num_workers', 'steps', 'batch_per_worker', 'seq_len', 'log_every',
                 'eval_batches', 'eval_batch_size', 'mesh_workers', 'mesh_fsdp'):
       if getattr(self, key) < 1:
         raise ConfigError(f'{_config_key(key)} must be >= 1, got {getattr(self, key)}.')
+    if self.init_inner_state not in INNER_STATES:
+      raise ConfigError(f'init_inner_state must be one of {INNER_STATES}, got '
+                        f'{self.init_inner_state!r}.')
     if self.grad_mode not in workers.GRAD_MODES:
       raise ConfigError(f'grad_mode must be one of {workers.GRAD_MODES}, got '
                         f'{self.grad_mode!r}.')
@@ -104,7 +113,8 @@ def parse_config(config: ml_collections.ConfigDict) -> Experiment:
       eval_every=c.eval.every, eval_batches=c.eval.batches,
       eval_batch_size=c.eval.batch_size, eval_per_worker=c.eval.per_worker,
       checkpoint_every=c.checkpoint.every, checkpoint_keep=c.checkpoint.keep,
-      mesh_workers=c.mesh.workers, mesh_fsdp=c.mesh.fsdp, grad_mode=c.grad_mode, progress=c.progress)
+      mesh_workers=c.mesh.workers, mesh_fsdp=c.mesh.fsdp, grad_mode=c.grad_mode,
+      progress=c.progress, init_from=c.init_from, init_inner_state=c.init_inner_state)
   data = data_lib.DataConfig(**c.data)
   model_overrides = _set(c.model)
   preset = model_overrides.pop('preset')
@@ -176,7 +186,8 @@ def make_train_chunk(algorithm: Algorithm, model_cfg, graphdef, mesh=None,
 
 def init_state(exp: Experiment, algorithm: Algorithm, key: jax.Array, mesh=None):
   """(graphdef, init, abstract): the model's structure, the state's jitted init (call
-  it with `key`) and the state's shapes, dtypes and shardings (for compiling ahead).
+  it with `key`, and one model's params to start from for a warm start) and the
+  state's shapes, dtypes and shardings (for compiling ahead).
 
   Jitted outputs never share buffers, so the state can be donated even where an init
   aliases (an anchor or an auxiliary variable equal to the params).
@@ -185,10 +196,12 @@ def init_state(exp: Experiment, algorithm: Algorithm, key: jax.Array, mesh=None)
   graphdef = jax.eval_shape(functools.partial(model_lib.init_params, exp.model),
                             params_key)[0]
 
-  def init(key):
+  def init(key, params=None):
+    # `params`: one model to start every worker from (a warm start), else drawn.
     params_key, alg_key = jax.random.split(key)
-    return algorithm.init(model_lib.init_params(exp.model, params_key)[1],
-                          exp.run.num_workers, alg_key)
+    if params is None:
+      params = model_lib.init_params(exp.model, params_key)[1]
+    return algorithm.init(params, exp.run.num_workers, alg_key)
 
   abstract = jax.eval_shape(init, key)
   shardings = workers.state_shardings(abstract, mesh)
@@ -197,6 +210,41 @@ def init_state(exp: Experiment, algorithm: Algorithm, key: jax.Array, mesh=None)
                             abstract, shardings)
   jitted = jax.jit(init) if shardings is None else jax.jit(init, out_shardings=shardings)
   return graphdef, jitted, abstract
+
+
+def _warm_start(init, key, like: LocoState, source: str, inner_state: str,
+                note: Callable[[str], None]) -> LocoState:
+  """The initial state from another run's checkpoint: every worker starts from the mean
+  of the source's workers' params (the anchor too); the inner optimizer state is fresh,
+  or the source's averaged over its workers ('carried'; step counts from its worker 0)."""
+  where, saved = checkpoint_lib.read_named_state(source)
+
+  def averaged(field: str) -> list[np.ndarray]:
+    out = []
+    for path, x in jax.tree_util.tree_flatten_with_path(getattr(like, field))[0]:
+      name = f'{field}{jax.tree_util.keystr(path)}'
+      try:
+        value = np.asarray(checkpoint_lib.lookup(saved[field], path))
+      except (KeyError, TypeError):
+        raise ConfigError(f'init_from: the checkpoint at {where} has no {name}; '
+                          f'{"its model differs" if field == "params" else "its inner optimizer differs (init_inner_state=fresh starts it anew)"}.') from None
+      if value.shape[1:] != x.shape[1:]:
+        raise ConfigError(f'init_from: {name} is {value.shape[1:]} in {where} but '
+                          f'{x.shape[1:]} here; the models differ.')
+      floating = np.issubdtype(value.dtype, np.floating)
+      out.append((value.astype(np.float32).mean(0) if floating else value[0]).astype(x.dtype))
+    return out
+
+  params = jax.tree.unflatten(jax.tree.structure(like.params), averaged('params'))
+  state = init(key, params)
+  if inner_state == 'carried':
+    leaves = [jax.device_put(np.broadcast_to(v, x.shape), x.sharding)
+              for v, x in zip(averaged('inner_state'), jax.tree.leaves(like.inner_state))]
+    state = state._replace(inner_state=jax.tree.unflatten(
+        jax.tree.structure(like.inner_state), leaves))
+  note(f'warm start from {where}: the mean of its workers\' params, inner optimizer '
+       f'state {inner_state}.')
+  return state
 
 
 def enable_compilation_cache() -> str | None:
@@ -467,7 +515,10 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
       jax.ShapeDtypeStruct(batches_shape, jnp.int32, sharding=workers.steps_sharding(mesh, r.batch_per_worker)),
       None if timeline is None else _pad_steps(timeline.contexts(0, 1), chunk_len),
       jax.ShapeDtypeStruct((chunk_len,), jnp.bool_)))
-  state = init(key)
+  if r.init_from and not start:
+    state = _warm_start(init, key, abstract_state, r.init_from, r.init_inner_state, note)
+  else:
+    state = init(key)
   clock.lap('init')
 
   # On several hosts each process reads and tokenizes only its own workers' data.

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -164,3 +165,71 @@ def test_mesh_run_matches_the_vmap_run(nano_config, one_device_diloco, tmp_path,
   assert one['bytes_sent'] == mesh['bytes_sent'] and one['syncs'] == mesh['syncs']
   np.testing.assert_allclose(mesh['train_loss'], one['train_loss'], rtol=1e-4)
   np.testing.assert_allclose(mesh['eval_loss'], one['eval_loss'], rtol=1e-4)
+
+
+# Warm starts (init_from): another run's checkpoint as the starting point.
+
+def _source_run(nano_config, path):
+  nano_config.algorithm.name, nano_config.algorithm.sync_every = 'diloco', 2
+  nano_config.steps, nano_config.checkpoint.every, nano_config.eval.every = 5, 5, 5
+  train.run(nano_config, path)
+  from loco import checkpoint
+  return checkpoint.read_named_state(path)[1]
+
+
+def test_a_warm_start_begins_every_worker_at_the_sources_mean_model(nano_config, tmp_path):
+  source = str(tmp_path / 'source')
+  saved = _source_run(nano_config.copy_and_resolve_references(), source)
+  mean = lambda x: np.asarray(x, np.float64).mean(0)
+  nano_config.num_workers, nano_config.algorithm.name = 4, 'diloco'   # another M
+  nano_config.init_from = source
+  for inner_state in ('fresh', 'carried'):
+    nano_config.init_inner_state = inner_state
+    exp = train.parse_config(nano_config)
+    alg = train.build_algorithm(exp)
+    key = jax.random.key(exp.run.seed)
+    _, init, like = train.init_state(exp, alg, key)
+    notes = []
+    state = train._warm_start(init, key, like, source, inner_state, notes.append)
+    assert notes and 'warm start from' in notes[0] and inner_state in notes[0]
+    for got, anchor, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(state.anchor),
+                                 jax.tree.leaves(saved['params'])):
+      assert got.shape[0] == 4
+      np.testing.assert_allclose(np.asarray(got), np.broadcast_to(mean(want), got.shape),
+                                 rtol=1e-6, atol=1e-7)
+      np.testing.assert_array_equal(np.asarray(anchor), np.asarray(got))
+    adam = state.inner_state[1][0]                     # chain(clip, chain(adam, ...))
+    mu = np.asarray(adam.mu['embed'])
+    if inner_state == 'fresh':
+      assert not mu.any() and int(np.asarray(adam.count)[0]) == 0
+    else:
+      np.testing.assert_allclose(mu[2], mean(saved['inner_state']['1']['0']['mu']['embed']),
+                                 rtol=1e-6, atol=1e-9)
+      assert mu.any() and int(np.asarray(adam.count)[3]) == 5
+  # Trained from there, the first losses are those of a trained model.
+  warm, cold = str(tmp_path / 'warm'), str(tmp_path / 'cold')
+  train.run(nano_config, warm)
+  resumed = str(tmp_path / 'resumed')          # resumes from its own checkpoint, exactly
+  shutil.copytree(warm, resumed)
+  shutil.rmtree(os.path.join(resumed, 'checkpoints', '20'))
+  train.run(nano_config, resumed)
+  assert _comparable(read_metrics(resumed)) == _comparable(read_metrics(warm))
+  nano_config.init_from = ''
+  train.run(nano_config, cold)
+  assert read_metrics(warm)[0]['train_loss'] < read_metrics(cold)[0]['train_loss'] - 0.05
+
+
+def test_warm_start_errors_are_one_line_and_leave_no_workdir(nano_config, tmp_path):
+  source = str(tmp_path / 'source')
+  _source_run(nano_config.copy_and_resolve_references(), source)
+  nano_config.init_from = str(tmp_path / 'missing')
+  with pytest.raises(CheckpointError, match='init_from: .*missing does not exist'):
+    train.run(nano_config, str(tmp_path / 'run'))
+  assert not os.path.exists(tmp_path / 'run')
+  nano_config.init_from, nano_config.model.d_model = source, 64
+  with pytest.raises(ConfigError, match=r'init_from: params.* the models differ'):
+    train.run(nano_config, str(tmp_path / 'run'))
+  assert not os.path.exists(tmp_path / 'run')
+  nano_config.model.d_model, nano_config.init_inner_state = None, 'kept'
+  with pytest.raises(ConfigError, match="init_inner_state must be one of"):
+    train.run(nano_config, str(tmp_path / 'run'))
