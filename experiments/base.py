@@ -21,7 +21,7 @@ def get_config() -> config_dict.ConfigDict:
                                     # averaged over its workers)
 
   c.model = config_dict.ConfigDict()
-  c.model.preset = 'tiny'           # nano | tiny | 60m | 150m | 400m | 1b (loco/model.py)
+  c.model.preset = 'tiny'           # nano | micro | tiny | 60m | 150m | 400m | 1b (loco/model.py)
   c.model.vocab_size = placeholder(int)   # None: the tokenizer's vocabulary size
   c.model.d_model = placeholder(int)      # None fields below: the preset's value
   c.model.num_layers = placeholder(int)

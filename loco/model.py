@@ -124,6 +124,10 @@ class ModelConfig:
 PRESETS: dict[str, dict[str, Any]] = {
     'nano': dict(vocab_size=256, d_model=32, num_layers=2, num_heads=2,
                  d_ff=64, max_seq_len=128),
+    # 'micro': cheap rounds for claim-checking sweeps (experiments/micro.py): 0.4M
+    # weights, about 30k tokens/s for 8 workers on 2 CPU cores.
+    'micro': dict(vocab_size=256, d_model=128, num_layers=2, num_heads=4,
+                  d_ff=512, max_seq_len=1024),
     'tiny': dict(vocab_size=256, d_model=256, num_layers=4, num_heads=4,
                  d_ff=1024, max_seq_len=1024),
     '60m': dict(vocab_size=32000, d_model=896, num_layers=3, num_heads=16,
