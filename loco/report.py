@@ -7,7 +7,8 @@ table has each run's status (finished, incomplete, failed, diverged), final and 
 eval loss, tokens, bytes sent per worker, peak bytes, simulated and wall seconds, and
 the first step / tokens / bytes / simulated seconds at which its eval loss reached the
 target (by default the largest final eval loss among finished runs, so every finished
-run reaches it). It is printed, and written with the plots to OUT/report.md. Runs
+run reaches it). Finished runs whose configs differ only in `seed` are also summarised
+as mean ± standard deviation over their seeds. It is printed, and written with the plots to OUT/report.md. Runs
 re-timed on other networks (`loco.retime`: WORKDIR/retimed/NAME) add a table of the
 simulated seconds to the target per run x network and one plot panel per network. A torn
 or corrupted line of a run's metrics.jsonl (a crash mid-write) is left out and listed
@@ -17,7 +18,9 @@ written.
 
 import argparse
 import collections
+import json
 import math
+import statistics
 import os
 import re
 import sys
@@ -120,8 +123,10 @@ def _run(workdir: str, name: str) -> dict[str, Any]:
   else:
     result = 'incomplete'
   finite_evals = [r['eval_loss'] for r in evals if _finite(r['eval_loss'])]
+  setting = {k: v for k, v in config.items() if k not in ('seed', 'progress')}
   return dict(
-      name=name, workdir=workdir,
+      name=name, workdir=workdir, seed=config.get('seed'),
+      setting=json.dumps(setting, sort_keys=True, default=str),
       algorithm=config.get('algorithm', {}).get('name'),
       status=result, error=error if result != 'finished' else None,
       command=status.get('command'), step=last.get('step'), steps=steps,
@@ -159,7 +164,8 @@ def summarize(workdirs: Sequence[str], target: float | None = None,
     names: a name per workdir; default: their paths relative to their common parent.
 
   Returns:
-    Dicts with keys name, workdir, algorithm, status (finished | incomplete | failed |
+    Dicts with keys name, workdir, seed, setting (the config without its seed, as
+    JSON), algorithm, status (finished | incomplete | failed |
     diverged), error, command, step (last logged), steps (configured),
     final_eval_loss, best_eval_loss, tokens, bytes_sent, peak_bytes, sim_seconds,
     wall_seconds (None if unknown), metrics_problem (a torn or unreadable line of
@@ -360,6 +366,38 @@ COLUMNS = (
 )
 
 
+def seed_groups(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+  """Finished runs whose configs differ only in `seed`, in groups of two or more: name
+  (the first run's, with its seed part removed), n, seeds, and the mean and sample
+  standard deviation of the final and best eval loss; bytes sent per worker (mean)."""
+  groups: dict[str, list[dict[str, Any]]] = {}
+  for r in rows:
+    if r['status'] == 'finished' and _finite(r['final_eval_loss']) and r.get('setting'):
+      groups.setdefault(r['setting'], []).append(r)
+  out = []
+  for members in groups.values():
+    if len({m['seed'] for m in members}) < 2:
+      continue
+    name = re.sub(r'[_-]?seed[_=-]?\d+', '', members[0]['name']) or members[0]['name']
+    final = [m['final_eval_loss'] for m in members]
+    best = [m['best_eval_loss'] for m in members]
+    out.append(dict(name=name, n=len(members), seeds=sorted(m['seed'] for m in members),
+                    final_mean=statistics.mean(final), final_std=statistics.stdev(final),
+                    best_mean=statistics.mean(best), best_std=statistics.stdev(best),
+                    bytes_sent=statistics.mean(m['bytes_sent'] or 0.0 for m in members)))
+  return out
+
+
+def seed_table(groups: Sequence[dict[str, Any]]) -> str:
+  lines = ['| runs | n | seeds | final eval loss | best eval loss | bytes / worker |',
+           '|---|---|---|---|---|---|']
+  lines += [f'| {g["name"]} | {g["n"]} | {", ".join(map(str, g["seeds"]))} | '
+            f'{g["final_mean"]:.4f} ± {g["final_std"]:.4f} | '
+            f'{g["best_mean"]:.4f} ± {g["best_std"]:.4f} | {_bytes(g["bytes_sent"])} |'
+            for g in groups]
+  return '\n'.join(lines)
+
+
 def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
   lines = ['| ' + ' | '.join(h for h, _ in COLUMNS) + ' |', '|' + '---|' * len(COLUMNS)]
   lines += ['| ' + ' | '.join(str(f(r)).replace('|', '\\|') for _, f in COLUMNS) + ' |'
@@ -463,6 +501,11 @@ def write_report(paths: Sequence[str], out: str | None = None,
               table, '']
     if png:
       lines += [f'![eval loss vs simulated seconds, per network]({NETWORKS_PNG})', '']
+  groups = seed_groups(rows)
+  if groups:
+    lines += ['## Over seeds', '',
+              'Finished runs whose configs differ only in `seed`: mean ± sample standard '
+              'deviation.', '', seed_table(groups), '']
   lines += ['## Problems: failed, diverged, incomplete and unstarted runs, damaged metrics', '',
             *([f'- {p}' for p in problems] or ['None.'])]
   commands = [(r['name'], r['command']) for r in rows + missing if r.get('command')]
@@ -475,6 +518,8 @@ def write_report(paths: Sequence[str], out: str | None = None,
     f.write('\n'.join(lines) + '\n')
   print(text_table(rows), file=stream)
   print(count_line + '. ' + _target_line(rows, target is not None), file=stream)
+  if groups:
+    print('over seeds (mean ± std):\n' + seed_table(groups), file=stream)
   if by_network:
     print('simulated seconds to target (in all), per network:\n' + table, file=stream)
   for p in problems:

@@ -237,3 +237,32 @@ def test_runs_re_timed_on_other_networks_get_a_table_and_a_panel_each(tmp_path):
   alone = report.summarize([os.path.join(root, 'ddp', 'retimed', 'slow')])[0]
   assert (alone['status'], alone['sim_seconds'], alone['target_sim_seconds']) == (
       'finished', 300.0, 200.0)     # its own final loss, 2.2, first at step 20
+
+
+def test_runs_that_differ_only_in_seed_are_summarised_as_mean_and_std(tmp_path):
+  root = str(tmp_path / 'seeds')
+  finished = dict(state='finished', returncode=0, error=None, seconds=1.0)
+  def run(name, seed, lr, evals):
+    path = _workdir(root, name, metrics=_records(evals), status=finished)
+    with open(os.path.join(path, 'config.json'), 'w') as f:
+      json.dump({'config': {'steps': 30, 'seed': seed, 'progress': False,
+                            'algorithm': {'name': 'diloco'}, 'optimizer': {'lr': lr}}}, f)
+  run('a_seed0', 0, 1e-3, [3.0, 2.5, 2.0])
+  run('a_seed1', 1, 1e-3, [3.0, 2.5, 2.2])
+  run('a_seed2', 2, 1e-3, [3.0, 2.0, 2.4])
+  run('b_seed0', 0, 3e-3, [3.0, 2.5, 1.0])
+  run('b_seed1', 1, 3e-3, [3.0, 2.5, 3.0])
+  run('c_seed0', 0, 1e-2, [3.0, 2.5, 1.5])             # one seed: no group
+  groups = report.seed_groups(report.summarize(report.find_workdirs(root)))
+  by_name = {g['name']: g for g in groups}
+  assert sorted(by_name) == ['a', 'b']
+  a = by_name['a']
+  assert a['n'] == 3 and a['seeds'] == [0, 1, 2]
+  assert a['final_mean'] == pytest.approx(2.2) and a['final_std'] == pytest.approx(0.2)
+  assert a['best_mean'] == pytest.approx(6.2 / 3) and a['best_std'] == pytest.approx(0.2 / 3 ** 0.5)
+  assert by_name['b']['final_std'] == pytest.approx(2 ** 0.5)
+  out = io.StringIO()
+  path = report.write_report([root], str(tmp_path / 'out'), stream=out)
+  text = open(path).read()
+  assert '## Over seeds' in text and '| a | 3 | 0, 1, 2 | 2.2000 ± 0.2000 |' in text
+  assert 'over seeds (mean ± std):' in out.getvalue()
