@@ -303,19 +303,27 @@ def _pad_steps(tree, length: int):
 
 
 def make_evaluator(model_cfg, graphdef, per_worker: bool):
-  """Jitted eval of the worker-averaged model and, optionally, of each worker."""
+  """Jitted eval of the worker-averaged model and, optionally, of each worker.
+
+  `eval_loss_se` is the standard error of `eval_loss` over its batches (sample std of
+  the batch means / sqrt(batches)): the evaluation's own noise, to set `eval.batches`.
+  """
   def loss_on(params, batches_NxBxL):
     def body(total, batch):
-      return total + model_lib.loss_fn(model_cfg, graphdef, params, batch)[1]['ce'], None
-    total, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), batches_NxBxL)
-    return total / batches_NxBxL.shape[0]
+      loss = model_lib.loss_fn(model_cfg, graphdef, params, batch)[1]['ce']
+      return total + loss, loss
+    total, per_batch_N = jax.lax.scan(body, jnp.zeros((), jnp.float32), batches_NxBxL)
+    return total / batches_NxBxL.shape[0], per_batch_N
 
   @jax.jit
   def evaluate(params_MxP, batches):
-    out = {'eval_loss': loss_on(workers.mean_model(params_MxP), batches),
-           'worker_spread': workers.worker_spread(params_MxP)}
+    loss, per_batch_N = loss_on(workers.mean_model(params_MxP), batches)
+    n = per_batch_N.shape[0]
+    out = {'eval_loss': loss, 'worker_spread': workers.worker_spread(params_MxP)}
+    if n > 1:
+      out['eval_loss_se'] = jnp.std(per_batch_N, ddof=1) / np.sqrt(n)
     if per_worker:
-      losses = jax.vmap(loss_on, in_axes=(0, None))(params_MxP, batches)
+      losses = jax.vmap(lambda p: loss_on(p, batches)[0])(params_MxP)
       out['eval_loss_workers'] = jnp.mean(losses)
     return out
 

@@ -32,7 +32,7 @@ def test_run_writes_outputs_and_resumes_exactly(nano_config, tmp_path):
   for key in ('step', 'tokens', 'train_loss', 'bytes_sent', 'bytes_received', 'peak_bytes',
               'syncs', 'sim_seconds', 'tokens_per_second'):
     assert key in records[-1], key
-  for key in ('eval_loss', 'eval_loss_workers', 'worker_spread'):
+  for key in ('eval_loss', 'eval_loss_se', 'eval_loss_workers', 'worker_spread'):
     assert key in records[1] and key in records[3], key
   assert records[-1]['tokens'] == 20 * 2 * 2 * 32
   assert records[-1]['syncs'] == 6                  # steps 3, 6, ..., 18
@@ -233,3 +233,17 @@ def test_warm_start_errors_are_one_line_and_leave_no_workdir(nano_config, tmp_pa
   nano_config.model.d_model, nano_config.init_inner_state = None, 'kept'
   with pytest.raises(ConfigError, match="init_inner_state must be one of"):
     train.run(nano_config, str(tmp_path / 'run'))
+
+
+def test_the_eval_reports_its_standard_error_over_batches():
+  from loco import model as model_lib, workers
+  cfg = model_lib.model_config('nano', vocab_size=64)
+  graphdef, params = model_lib.init_params(cfg, jax.random.key(0))
+  batches = jax.random.randint(jax.random.key(1), (5, 3, 17), 0, 64)
+  stacked = workers.replicate(params, 2)
+  out = train.make_evaluator(cfg, graphdef, per_worker=False)(stacked, batches)
+  per_batch = [float(model_lib.loss_fn(cfg, graphdef, params, b)[1]['ce']) for b in batches]
+  np.testing.assert_allclose(float(out['eval_loss']), np.mean(per_batch), rtol=1e-5)
+  np.testing.assert_allclose(float(out['eval_loss_se']), np.std(per_batch, ddof=1) / 5 ** 0.5,
+                             rtol=1e-4)
+  assert 'eval_loss_se' not in train.make_evaluator(cfg, graphdef, False)(stacked, batches[:1])
