@@ -70,6 +70,7 @@ def get_config() -> config_dict.ConfigDict:
   c.algorithm.weights = placeholder(str)           # gossip weights: metropolis | uniform
   c.algorithm.mix = placeholder(str)               # GASLoC gossips: models | deltas
   c.algorithm.form = placeholder(str)              # GASLoC form: diloco_outer | proposed_points
+  c.algorithm.local_steps = placeholder(list)      # GASLoC: per-worker H_i <= sync_every
   c.algorithm.gossip_step = placeholder(float)     # gossip step size in (0, 1]
   c.algorithm.seed = placeholder(int)              # seed of an erdos_renyi gossip graph
   c.algorithm.compression = placeholder(str)       # value codec: none | 2bit | int8 | int4 | e4m3 | e3m0

@@ -108,7 +108,8 @@ _KINDS = {int: 'an integer', float: 'a number', bool: 'true or false', str: 'a s
           list: 'a list'}
 _LIST_EXAMPLE = {'network.speeds': '[1, 2, 1, 1]', 'network.churn': '[[0, 10, 20]]',
                  'network.bandwidth_matrix': '[[0, 1e9], [1e9, 0]]',
-                 'network.latency_matrix': '[[0, 0.01], [0.01, 0]]'}
+                 'network.latency_matrix': '[[0, 0.01], [0.01, 0]]',
+                 'algorithm.local_steps': '[50, 50, 25, 25]'}
 _OVERRIDE = re.compile(r'^--?(no)?config\.([^=]*)(=(.*))?$', re.DOTALL)
 _CONFIG_FLAG = re.compile(r'^--?config(=(.*))?$', re.DOTALL)
 

@@ -139,13 +139,16 @@ def test_proposed_points_at_eta_1_without_momentum_is_the_reconstruction_at_oute
     np.testing.assert_array_equal(a.bytes_sent, b.bytes_sent)
 
 
-def test_proposed_points_rounds_on_a_ring_by_hand():
-  """Three rounds of H = 2 inner SGD steps; eta, alpha != 1 and heavy-ball gamma on the
-  proposed points (none before the first)."""
+@pytest.mark.parametrize('local_steps', [None, (1, 2, 2, 1, 2, 2)])
+def test_proposed_points_rounds_on_a_ring_by_hand(local_steps):
+  """Three rounds of H = 2 inner SGD steps (or per-worker H_i: workers 0 and 3 take one
+  step per round and wait); eta, alpha != 1 and heavy-ball gamma on the proposed points
+  (none before the first)."""
   m, lr, eta, alpha, gamma = 6, 0.1, 0.8, 0.5, 0.6
   alg = algorithms.make('gasloc', optax.sgd(lr), sync_every=2, topology='ring',
                         form='proposed_points', outer_lr=eta, gossip_step=alpha,
-                        outer_momentum=gamma)
+                        outer_momentum=gamma, local_steps=local_steps)
+  budget = np.full(m, 2) if local_steps is None else np.asarray(local_steps)
   params, x, y, loss = _problem(m)
   state = alg.init(params, m, jax.random.PRNGKey(0))
   step = jax.jit(alg.step)
@@ -155,7 +158,7 @@ def test_proposed_points_rounds_on_a_ring_by_hand():
   phi, previous = theta.copy(), None
   for t in range(6):
     grads = jax.vmap(jax.grad(loss))(state.params, x[t], y[t])
-    phi = phi - lr * _flat(grads)
+    phi = phi - lr * (budget > t % 2)[:, None] * _flat(grads)
     state, _ = step(state, grads)
     if t % 2 == 1:
       proposed = theta + eta * (phi - theta)
@@ -298,5 +301,10 @@ def test_bad_input():
   with pytest.raises(ConfigError, match='algorithm.form must be one of diloco_outer, '
                                         'proposed_points'):
     algorithms.make('gasloc', optax.sgd(0.1), form='stated')
+  with pytest.raises(ConfigError, match=r'local_steps must be integers in \[1, sync_every=4\]'):
+    algorithms.make('gasloc', optax.sgd(0.1), sync_every=4, local_steps=[4, 5])
+  with pytest.raises(ConfigError, match='local_steps has 2 entries for num_workers=3'):
+    algorithms.make('gasloc', optax.sgd(0.1), sync_every=4, local_steps=[4, 2]).init(
+        {'w': jnp.zeros(3)}, 3, jax.random.PRNGKey(0))
   with pytest.raises(ConfigError, match="form='proposed_points'.*mix 'models' only"):
     algorithms.make('gasloc', optax.sgd(0.1), form='proposed_points', mix='deltas')
