@@ -123,7 +123,7 @@ def _run(workdir: str, name: str) -> dict[str, Any]:
   else:
     result = 'incomplete'
   finite_evals = [r['eval_loss'] for r in evals if _finite(r['eval_loss'])]
-  setting = {k: v for k, v in config.items() if k not in ('seed', 'progress')}
+  setting = _set_keys({k: v for k, v in config.items() if k not in ('seed', 'progress')})
   return dict(
       name=name, workdir=workdir, seed=config.get('seed'),
       setting=json.dumps(setting, sort_keys=True, default=str),
@@ -136,6 +136,14 @@ def _run(workdir: str, name: str) -> dict[str, Any]:
       peak_bytes=last.get('peak_bytes'), sim_seconds=last.get('sim_seconds'),
       wall_seconds=status.get('seconds'), metrics_problem=problem,
       _evals=evals)
+
+
+def _set_keys(d):
+  """A config without its unset (None) keys, so that runs of loco versions with more
+  keys, all left at their defaults, compare equal."""
+  if isinstance(d, dict):
+    return {k: _set_keys(v) for k, v in d.items() if v is not None}
+  return d
 
 
 def _metrics(workdir: str) -> tuple[list[dict[str, Any]], str | None]:

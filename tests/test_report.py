@@ -250,6 +250,11 @@ def test_runs_that_differ_only_in_seed_are_summarised_as_mean_and_std(tmp_path):
   run('a_seed0', 0, 1e-3, [3.0, 2.5, 2.0])
   run('a_seed1', 1, 1e-3, [3.0, 2.5, 2.2])
   run('a_seed2', 2, 1e-3, [3.0, 2.0, 2.4])
+  with open(os.path.join(root, 'a_seed2', 'config.json')) as f:   # a key added later, unset
+    config = json.load(f)
+  config['config']['algorithm']['form'] = None
+  with open(os.path.join(root, 'a_seed2', 'config.json'), 'w') as f:
+    json.dump(config, f)
   run('b_seed0', 0, 3e-3, [3.0, 2.5, 1.0])
   run('b_seed1', 1, 3e-3, [3.0, 2.5, 3.0])
   run('c_seed0', 0, 1e-2, [3.0, 2.5, 1.5])             # one seed: no group
