@@ -323,7 +323,8 @@ def _run_steps(name, m, mesh, steps=4):
 
 
 _EQUAL_RUNS = [(n, m) for n in sorted(ALGORITHMS) for m in (8, 16, 32)]
-_DEFAULT_EQUAL = {('gasloc', 32)}   # the rest: pytest -m slow
+_DEFAULT_EQUAL = set()   # all with pytest -m slow; the default run has
+# tests/test_gossip.py::test_gasloc_engine_on_8_devices_matches_one_device and the 2-D runs
 
 
 @pytest.mark.parametrize('name,m', [r if r in _DEFAULT_EQUAL else

@@ -182,6 +182,7 @@ def test_a_warm_start_begins_every_worker_at_the_sources_mean_model(nano_config,
   saved = _source_run(nano_config.copy_and_resolve_references(), source)
   mean = lambda x: np.asarray(x, np.float64).mean(0)
   nano_config.num_workers, nano_config.algorithm.name = 4, 'diloco'   # another M
+  nano_config.steps, nano_config.eval.every, nano_config.checkpoint.every = 10, 5, 5
   nano_config.init_from = source
   for inner_state in ('fresh', 'carried'):
     nano_config.init_inner_state = inner_state
@@ -211,7 +212,7 @@ def test_a_warm_start_begins_every_worker_at_the_sources_mean_model(nano_config,
   train.run(nano_config, warm)
   resumed = str(tmp_path / 'resumed')          # resumes from its own checkpoint, exactly
   shutil.copytree(warm, resumed)
-  shutil.rmtree(os.path.join(resumed, 'checkpoints', '20'))
+  shutil.rmtree(os.path.join(resumed, 'checkpoints', '10'))
   train.run(nano_config, resumed)
   assert _comparable(read_metrics(resumed)) == _comparable(read_metrics(warm))
   nano_config.init_from = ''
