@@ -226,8 +226,10 @@ def _warm_start(init, key, like: LocoState, source: str, inner_state: str,
       try:
         value = np.asarray(checkpoint_lib.lookup(saved[field], path))
       except (KeyError, TypeError):
+        differs = ('its model differs' if field == 'params' else
+                   'its inner optimizer differs (init_inner_state=fresh starts it anew)')
         raise ConfigError(f'init_from: the checkpoint at {where} has no {name}; '
-                          f'{"its model differs" if field == "params" else "its inner optimizer differs (init_inner_state=fresh starts it anew)"}.') from None
+                          f'{differs}.') from None
       if value.shape[1:] != x.shape[1:]:
         raise ConfigError(f'init_from: {name} is {value.shape[1:]} in {where} but '
                           f'{x.shape[1:]} here; the models differ.')

@@ -9,6 +9,7 @@ of `loco.comm.axis` span both levels, so nothing is left to the partitioner to g
 Other mesh axes (`fsdp`) stay automatic inside the map and shard each worker's state.
 """
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -176,13 +177,15 @@ def steps_sharding(mesh: Mesh | None, batch_per_worker: int = 1) -> NamedShardin
       None, WORKERS, FSDP if fsdp > 1 and batch_per_worker % fsdp == 0 else None))
 
 
-def process_workers(mesh: Mesh | None, num_workers: int, batch_per_worker: int = 1) -> list[int]:
+@functools.cache      # shard_steps asks once per chunk
+def process_workers(mesh: Mesh | None, num_workers: int,
+                    batch_per_worker: int = 1) -> tuple[int, ...]:
   """The workers whose batches this process's devices hold (all of them on one host).
 
   On several hosts each process loads only these workers' data (`shard_steps`
   assembles the global array from every process's rows)."""
   if mesh is None or jax.process_count() == 1:
-    return list(range(num_workers))
+    return tuple(range(num_workers))
   index_map = steps_sharding(mesh, batch_per_worker).addressable_devices_indices_map(
       (1, num_workers, batch_per_worker))
   mine = sorted({w for index in index_map.values()
@@ -190,7 +193,7 @@ def process_workers(mesh: Mesh | None, num_workers: int, batch_per_worker: int =
   if mine != list(range(mine[0], mine[-1] + 1)):
     raise ConfigError(f'process {jax.process_index()} holds workers {mine}, not a '
                       'contiguous block; put each process\'s devices in whole mesh rows.')
-  return mine
+  return tuple(mine)
 
 
 def shard_steps(batches_KxM, mesh: Mesh | None, num_workers: int | None = None):

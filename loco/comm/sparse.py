@@ -142,7 +142,7 @@ def sparse_all_gather_mean(
         summed, count = _gathered_sum(d, m, k, weight, axis_name)
       else:                                                   # sent whole: a dense sum
         summed = comm_axis.psum(_weighted(d, weight), axis_name)
-        count = alive_count if m is None else comm_axis.psum(_weighted(m, weight), axis_name)
+        count = None if m is None else comm_axis.psum(_weighted(m, weight), axis_name)
       if divide == 'workers' or m is None:
         count = alive_count
       means.append((summed / jnp.maximum(count, 1.0)).astype(x.dtype))
