@@ -130,7 +130,7 @@ def _traffic(hlo: str) -> dict[str, int]:
   return totals
 
 
-DEFAULT_RUN = {'diloco', 'gasloc'}   # the rest: pytest -m slow
+DEFAULT_RUN = {'diloco'}   # the rest: pytest -m slow (gasloc on 8 devices: test_gossip.py)
 
 
 @pytest.mark.parametrize('name', [n if n in DEFAULT_RUN else pytest.param(n, marks=pytest.mark.slow)

@@ -169,10 +169,6 @@ def test_the_sweep_specs_load_and_every_config_parses():
   os.chdir(REPO)
   try:
     for spec in specs:      # equal tokens within each comparison
-      if spec.endswith('_finals.py'):   # needs its tuning sweep's results: one line
-        with pytest.raises(sweep.SweepError, match='the finals need the finished tuning'):
-          sweep.load_spec(os.path.join('launch', 'sweeps', spec))
-        continue
       runs = sweep.load_spec(os.path.join('launch', 'sweeps', spec))
       sizes = set()
       for run in runs:
@@ -183,38 +179,6 @@ def test_the_sweep_specs_load_and_every_config_parses():
     os.chdir(cwd)
   names = {r.name: r for r in sweep.load_spec(os.path.join(REPO, 'launch/sweeps/main.py'))}
   assert sorted(names) == ['ddp', 'diloco', 'gasloc_ring', 'sparseloco', 'streaming_diloco']
-
-
-def test_the_finals_take_each_methods_best_tuning_setting(tmp_path):
-  """claims_outer_finals.py: the lowest final eval loss of each method's nine settings
-  (hand-written tuning results), at three new seeds, scored on the other half."""
-  import importlib.util
-  path = os.path.join(REPO, 'launch', 'sweeps', 'claims_outer_finals.py')
-  module_spec = importlib.util.spec_from_file_location('finals', path)
-  finals = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(finals)
-  tuning = sweep.load_spec(os.path.join(REPO, 'launch', 'sweeps', 'claims_outer_tuning.py'))
-  assert len([r for r in tuning if r.name.startswith('diloco_nesterov_')]) == 9
-  assert len([r for r in tuning if r.name.startswith('diloco_sgd_')]) == 9
-  losses = {'ddp': 1.5, 'diloco_nesterov_lr0.5_mu0.7': 1.6, 'diloco_sgd_lr1.15': 1.7}
-  root = str(tmp_path / 'tuning')
-  for i, run in enumerate(tuning):
-    workdir = os.path.join(root, run.name)
-    os.makedirs(workdir)
-    with open(os.path.join(workdir, 'config.json'), 'w') as f:
-      json.dump({'config': {'steps': 10, 'seed': 0}}, f)
-    with open(os.path.join(workdir, 'status.json'), 'w') as f:
-      json.dump({'state': 'finished'}, f)
-    with open(os.path.join(workdir, 'metrics.jsonl'), 'w') as f:
-      f.write(json.dumps({'step': 10, 'eval_loss': losses.get(run.name, 2.0 + i / 100)}) + '\n')
-  picked = finals.picks(root)
-  assert {m: (r.name, loss) for m, (r, loss) in picked.items()} == {
-      'ddp': ('ddp', 1.5), 'diloco_nesterov': ('diloco_nesterov_lr0.5_mu0.7', 1.6),
-      'diloco_sgd': ('diloco_sgd_lr1.15', 1.7)}
-  with open(os.path.join(root, 'diloco_sgd_lr2.0', 'status.json'), 'w') as f:
-    json.dump({'state': 'running'}, f)                               # not finished yet
-  with pytest.raises(sweep.SweepError, match='8 of 9 diloco_sgd runs are finished'):
-    finals.picks(root)
 
 
 def test_the_retime_spec_has_eight_networks_that_build_for_its_runs():

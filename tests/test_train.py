@@ -153,7 +153,7 @@ def one_device_diloco(small_corpus_glob, data_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize('mesh_workers,fsdp', [
-    (4, 2), (2, 4), pytest.param(4, 1, marks=pytest.mark.slow)])
+    (2, 4), pytest.param(4, 2, marks=pytest.mark.slow), pytest.param(4, 1, marks=pytest.mark.slow)])
 def test_mesh_run_matches_the_vmap_run(nano_config, one_device_diloco, tmp_path,
                                        mesh_workers, fsdp):
   """The worker axis over `mesh_workers` of the 8 in-process CPU devices, each worker's
