@@ -8,9 +8,12 @@ main knob (outer lr x momentum for the outer optimizers, the gossip step for D-A
 the inner lr for the methods without an outer setting), each trained once (seed 0) and
 scored on the first half of the validation split. The best setting per method (lowest
 final eval loss) is then run at seeds 1, 2, 3 and scored on the other half; claims are
-judged on those finals as mean +- std over the seeds. Variants (dropout, E3M0 outer
-gradients, other graphs, an asynchronous replay) reuse their method's pick. Verdicts
-compare means with two standard errors of the difference (sqrt(s_a^2/n + s_b^2/n)):
+judged on those finals as mean +- std over the seeds, each final model scored on the
+same 512 x 16 windows of the final split (`loco.evaluate`; 524k tokens). Variants
+(dropout, E3M0 outer gradients, other graphs, an asynchronous replay) reuse their
+method's pick. Verdicts
+compare means with two standard errors of the difference (the seeds' spread,
+sqrt(s_a^2/n + s_b^2/n), and the evaluation's own from the paired per-window losses):
 "reproduced" if the claim holds by more than that, "not reproduced" if its opposite
 does, "inconclusive" otherwise.
 
@@ -33,6 +36,7 @@ from typing import Any, Callable, Sequence
 from loco import report
 from loco.metrics import read_metrics
 from loco.sweep import Run, SweepError, run_sweep
+from loco.workdir import read_json
 
 BASE = 'experiments/micro.py:ddp'      # no algorithm keys set: any algorithm on top
 TUNING_SPLIT, FINAL_SPLIT = 'validation[:50%]', 'validation[50%:]'
@@ -56,13 +60,14 @@ class Scale:
   eval_batches: int
   grid_size: int | None       # settings per method (None: all)
   seeds: tuple[int, ...]
+  final_eval_batches: int     # the finals' scoring (`loco.evaluate`): batches of 16
 
 
 SCALES = {
     'full': Scale(steps=600, steps_h1=300, sync_every=15, eval_every=150, eval_batches=64,
-                  grid_size=None, seeds=(1, 2, 3)),
+                  grid_size=None, seeds=(1, 2, 3), final_eval_batches=512),
     'quick': Scale(steps=36, steps_h1=24, sync_every=6, eval_every=12, eval_batches=4,
-                   grid_size=2, seeds=(1, 2)),
+                   grid_size=2, seeds=(1, 2), final_eval_batches=16),
 }
 
 
@@ -217,11 +222,12 @@ def final_runs(scale: Scale, chosen: dict[str, dict[str, Any]]) -> list[Run]:
 class Group:
   """One final over its seeds."""
   name: str
-  losses: list[float]
-  eval_se: float               # mean over seeds of the final eval's standard error
+  losses: list[float]          # per seed: the final model on FINAL_EVAL windows
+  eval_se: float               # mean over seeds of that evaluation's standard error
   bytes_sent: float            # per worker, mean over seeds
   peak_bytes: float
-  curves: list[list[tuple[float, float]]]     # per seed: (tokens, eval loss)
+  curves: list[list[tuple[float, float]]]     # per seed: (tokens, eval loss) while training
+  per_batch: list[float] | None = None        # per eval batch: the mean over seeds
 
   @property
   def mean(self) -> float:
@@ -235,31 +241,53 @@ class Group:
     return f'{self.mean:.4f} ± {self.std:.4f}'
 
 
+def score_finals(out: str, scale: Scale) -> None:
+  """Scores every finished final on `scale.final_eval_batches` fixed windows of
+  FINAL_SPLIT (`loco.evaluate`; kept in RUN/evals, redone only after more training)."""
+  from loco import evaluate
+  for f in finals():
+    for seed in scale.seeds:
+      d = os.path.join(out, 'final', f.name, f'seed{seed}')
+      if (report.read_status(d) or {}).get('state') != 'finished':
+        continue
+      path = evaluate.result_path(d, FINAL_SPLIT, scale.final_eval_batches, 16)
+      last = read_metrics(d)[-1]['step']
+      if (read_json(path) or {}).get('step') != last:
+        evaluate.evaluate_run(d, scale.final_eval_batches, 16, FINAL_SPLIT)
+
+
 def groups(out: str, scale: Scale) -> dict[str, Group]:
+  from loco import evaluate
   result = {}
   for f in finals():
     dirs = [os.path.join(out, 'final', f.name, f'seed{s}') for s in scale.seeds]
     rows = report.summarize(dirs, names=[f'{f.name}/seed{s}' for s in scale.seeds])
-    done = [(d, r) for d, r in zip(dirs, rows) if r['status'] == 'finished'
-            and r['final_eval_loss'] is not None]
+    scored = [read_json(evaluate.result_path(d, FINAL_SPLIT, scale.final_eval_batches,
+                                                    16)) for d in dirs]
+    done = [(d, r, e) for d, r, e in zip(dirs, rows, scored)
+            if r['status'] == 'finished' and e and e.get('step') == r['step']]
     if not done:
       continue
-    curves, ses = [], []
-    for d, _ in done:
-      evals = [r for r in read_metrics(d) if 'eval_loss' in r]
-      curves.append([(r['tokens'], r['eval_loss']) for r in evals])
-      ses.append(evals[-1].get('eval_loss_se') or math.nan)
-    result[f.name] = Group(f.name, [r['final_eval_loss'] for _, r in done],
-                           statistics.mean(ses),
-                           statistics.mean(r['bytes_sent'] or 0.0 for _, r in done),
-                           statistics.mean(r['peak_bytes'] or 0.0 for _, r in done), curves)
+    curves = [[(r['tokens'], r['eval_loss']) for r in read_metrics(d) if 'eval_loss' in r]
+              for d, _, _ in done]
+    per_batch = [statistics.mean(b) for b in zip(*(e['per_batch'] for _, _, e in done))]
+    result[f.name] = Group(f.name, [e['loss'] for _, _, e in done],
+                           statistics.mean(e['se'] for _, _, e in done),
+                           statistics.mean(r['bytes_sent'] or 0.0 for _, r, _ in done),
+                           statistics.mean(r['peak_bytes'] or 0.0 for _, r, _ in done),
+                           curves, per_batch)
   return result
 
 
 def compare(a: Group, b: Group, margin: float = 0.0) -> tuple[float, float]:
-  """(mean(a) - (1 + margin) mean(b), two standard errors of that difference)."""
-  se = math.sqrt(a.std ** 2 / len(a.losses) + ((1 + margin) * b.std) ** 2 / len(b.losses))
-  return a.mean - (1 + margin) * b.mean, 2 * se
+  """(mean(a) - (1 + margin) mean(b), two standard errors of that difference): the
+  seeds' spread (sqrt(s_a^2/n_a + s_b^2/n_b)) and, when both were scored on the same
+  windows, the evaluation's own, from the paired per-batch differences."""
+  from loco import evaluate
+  var = a.std ** 2 / len(a.losses) + ((1 + margin) * b.std) ** 2 / len(b.losses)
+  if a.per_batch and b.per_batch and len(a.per_batch) == len(b.per_batch) > 1:
+    var += evaluate.paired(a.per_batch, [(1 + margin) * x for x in b.per_batch])[1] ** 2
+  return a.mean - (1 + margin) * b.mean, 2 * math.sqrt(var)
 
 
 def verdict_at_most(a: Group, b: Group, margin: float = 0.0) -> tuple[str, str]:
@@ -465,6 +493,14 @@ def plot(claim: Claim, g: dict[str, Group], out: str, scale: Scale, path: str) -
   plt.close(fig)
 
 
+def _paired_text(a: Group, b: Group | None) -> str:
+  from loco import evaluate
+  if b is None or a is b or not a.per_batch or not b.per_batch:
+    return '—'
+  d, se = evaluate.paired(a.per_batch, b.per_batch)
+  return f'{d:+.4f} ({se:.4f})'
+
+
 def write_page(out: str, scale: Scale, page: str, figures: str, seconds: float) -> str:
   chosen = picks(out, scale)
   g = groups(out, scale)
@@ -481,9 +517,11 @@ def write_page(out: str, scale: Scale, page: str, figures: str, seconds: float) 
     plot(claim, g, out, scale, os.path.join(figures, figure))
     rows.append(f'| {claim.number} | {claim.statement} ({claim.source}) | {measured} | '
                 f'**{verdict}** | [plot]({rel}/{figure}) |')
-    table = ['| final | seeds | final eval loss (mean ± std) | eval SE | bytes / worker | '
-             'peak bytes / step |', '|---|---|---|---|---|---|']
+    table = ['| final | seeds | final eval loss (mean ± std) | its eval SE | '
+             f'paired difference to {claim.finals[0]} (eval SE) | bytes / worker | '
+             'peak bytes / step |', '|---|---|---|---|---|---|---|']
     table += [f'| {n} | {len(g[n].losses)} | {g[n].text()} | {g[n].eval_se:.4f} | '
+              f'{_paired_text(g[n], g.get(claim.finals[0]))} | '
               f'{report._bytes(g[n].bytes_sent)} | {report._bytes(g[n].peak_bytes)} |'
               for n in claim.finals if n in g]
     details.append(f'### Claim {claim.number}\n\n{claim.statement} ({claim.source})\n\n'
@@ -552,6 +590,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        retimes={'slow_links': SLOW_LINKS})
       if code == 130:
         return code
+      score_finals(args.out, scale)
       previous = float(open(clock).read()) if os.path.exists(clock) else 0.0
       with open(clock, 'w') as f:
         f.write(str(previous + time.time() - t0))
