@@ -19,6 +19,7 @@ def test_rescoring_a_run_on_its_own_eval_windows_gives_its_logged_eval_loss(
   c.num_workers = 2
   c.algorithm.name = 'diloco'
   c.algorithm.sync_every = 5
+  c.steps = 10
   workdir = str(tmp_path / 'run')
   train.run(c, workdir)
   logged = [r for r in read_metrics(workdir) if 'eval_loss' in r][-1]

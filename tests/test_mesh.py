@@ -169,6 +169,7 @@ def test_collective_bytes_agree_with_step_info(name, steps):
     assert payload <= sent <= payload + 64, (sent, payload)   # + the alive count
 
 
+@pytest.mark.slow     # 24 s; the default run checks the gather's numbers (test_sparseloco.py)
 def test_sparseloco_gathers_only_its_top_k_payload():
   """SparseLoCo's sync moves no dense tensor: each tensor's top-k coordinates travel as
   int32 indices and float32 values (at the message's capacity) by all-gather, so the
