@@ -321,12 +321,29 @@ def _need(g, *names):
   return [g[n] for n in names]
 
 
-def _judge_1(g, _ctx):
-  ddp, dil = _need(g, 'ddp', 'diloco_nesterov')
-  verdict, why = verdict_at_most(dil, ddp, 0.02)
-  ratio = ddp.bytes_sent / max(dil.bytes_sent, 1.0)
-  return (f'DDP {ddp.text()}; DiLoCo {dil.text()} ({dil.mean / ddp.mean - 1:+.1%}); '
-          f'DiLoCo sends {ratio:.0f}x fewer bytes', verdict, why)
+def _matches(name: str, reference: str, measured: Callable[[Group, Group], str]):
+  """A judge: is final `name` within 2% of `reference` (or better)?"""
+  def judge(g, _ctx):
+    ref, a = _need(g, reference, name)
+    return (measured(ref, a), *verdict_at_most(a, ref, 0.02))
+  return judge
+
+
+def _fewer(ref: Group, a: Group, field: str = 'bytes_sent') -> str:
+  return f'{getattr(ref, field) / max(getattr(a, field), 1.0):.1f}x'
+
+
+_judge_1 = _matches('diloco_nesterov', 'ddp', lambda ddp, dil: (
+    f'DDP {ddp.text()}; DiLoCo {dil.text()} ({dil.mean / ddp.mean - 1:+.1%}) with '
+    f'{_fewer(ddp, dil)} fewer bytes'))
+_judge_4 = _matches('streaming', 'diloco_nesterov', lambda dil, st: (
+    f'DiLoCo {dil.text()}; Streaming (2 fragments) {st.text()}; peak bytes per step '
+    f'{_fewer(dil, st, "peak_bytes")} lower'))
+_judge_5 = _matches('diloco_nesterov_e3m0', 'diloco_nesterov', lambda dil, q: (
+    f'float32 {dil.text()}; E3M0 {q.text()} with {_fewer(dil, q)} fewer bytes'))
+_judge_6 = _matches('sparseloco', 'diloco_nesterov', lambda dil, sp: (
+    f'DiLoCo {dil.text()}; SparseLoCo (top-64 of 4096 = 1.6%, 2-bit) {sp.text()} with '
+    f'{_fewer(dil, sp)} fewer bytes'))
 
 
 def _judge_2(g, _ctx):
@@ -345,28 +362,6 @@ def _judge_3(g, _ctx):
              if 'not reproduced' in verdicts else 'inconclusive')
   return (f'0%: {d0.text()}; 25%: {d25.text()}; 50%: {d50.text()}', verdict,
           f'graceful = within 2% at 25% and 5% at 50% dropout. {w25}; {w50}')
-
-
-def _judge_4(g, _ctx):
-  dil, st = _need(g, 'diloco_nesterov', 'streaming')
-  verdict, why = verdict_at_most(st, dil, 0.02)
-  ratio = dil.peak_bytes / max(st.peak_bytes, 1.0)
-  return (f'DiLoCo {dil.text()}; Streaming (2 fragments) {st.text()}; peak bytes per '
-          f'step {ratio:.2f}x lower', verdict, why)
-
-
-def _judge_5(g, _ctx):
-  dil, q = _need(g, 'diloco_nesterov', 'diloco_nesterov_e3m0')
-  verdict, why = verdict_at_most(q, dil, 0.02)
-  return (f'float32 {dil.text()}; E3M0 {q.text()}; bytes {dil.bytes_sent / max(q.bytes_sent, 1):.1f}x '
-          'fewer', verdict, why)
-
-
-def _judge_6(g, _ctx):
-  dil, sp = _need(g, 'diloco_nesterov', 'sparseloco')
-  verdict, why = verdict_at_most(sp, dil, 0.02)
-  return (f'DiLoCo {dil.text()}; SparseLoCo (top-64 of 4096 = 1.6%, 2-bit) {sp.text()}; '
-          f'{dil.bytes_sent / max(sp.bytes_sent, 1):.0f}x fewer bytes', verdict, why)
 
 
 def _form(ctx, pair: tuple[str, str]) -> str:
