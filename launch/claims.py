@@ -487,7 +487,8 @@ def plot(claim: Claim, g: dict[str, Group], out: str, scale: Scale, path: str) -
     ax.set_xlabel('simulated seconds (slow links)' if claim.x == 'sim_seconds' else 'tokens')
     ax.set_ylabel('eval loss (mean over seeds)')
     ax.set_title(title or f'claim {claim.number}')
-    ax.legend(fontsize=7)
+    if ax.lines:
+      ax.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=90)
   plt.close(fig)
