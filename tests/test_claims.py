@@ -134,3 +134,11 @@ def test_the_quick_claims_page_is_written_end_to_end(tmp_path, in_repo):
   mtime = os.path.getmtime(os.path.join(out, 'final', 'ddp', 'seed1', 'metrics.jsonl'))
   assert claims.main(['--quick', f'--out={out}', f'--page={page}']) == 0
   assert os.path.getmtime(os.path.join(out, 'final', 'ddp', 'seed1', 'metrics.jsonl')) == mtime
+
+
+def test_time_to_target_is_linear_between_evals_and_inf_if_never_reached():
+  curve = [(10.0, 3.0), (20.0, 2.0), (30.0, 1.5)]
+  assert claims.seconds_to(curve, 2.5) == pytest.approx(15.0)
+  assert claims.seconds_to(curve, 2.0) == pytest.approx(20.0)
+  assert claims.seconds_to(curve, 3.5) == pytest.approx(10.0)    # at the first eval
+  assert claims.seconds_to(curve, 1.0) == float('inf')
