@@ -30,8 +30,10 @@ import math
 import os
 import statistics
 import sys
+import time
 from typing import Any, Callable, Sequence
 
+from loco import evaluate
 from loco import report
 from loco.metrics import read_metrics
 from loco.sweep import Run, SweepError, run_sweep
@@ -247,7 +249,6 @@ class Group:
 def score_finals(out: str, scale: Scale) -> None:
   """Scores every finished final on `scale.final_eval_batches` fixed windows of
   FINAL_SPLIT (`loco.evaluate`; kept in RUN/evals, redone only after more training)."""
-  from loco import evaluate
   for f in finals():
     for seed in scale.seeds:
       d = os.path.join(out, 'final', f.name, f'seed{seed}')
@@ -260,7 +261,6 @@ def score_finals(out: str, scale: Scale) -> None:
 
 
 def groups(out: str, scale: Scale) -> dict[str, Group]:
-  from loco import evaluate
   result = {}
   for f in finals():
     dirs = [os.path.join(out, 'final', f.name, f'seed{s}') for s in scale.seeds]
@@ -286,7 +286,6 @@ def compare(a: Group, b: Group, margin: float = 0.0) -> tuple[float, float]:
   """(mean(a) - (1 + margin) mean(b), two standard errors of that difference): the
   seeds' spread (sqrt(s_a^2/n_a + s_b^2/n_b)) and, when both were scored on the same
   windows, the evaluation's own, from the paired per-batch differences."""
-  from loco import evaluate
   var = a.std ** 2 / len(a.losses) + ((1 + margin) * b.std) ** 2 / len(b.losses)
   if a.per_batch and b.per_batch and len(a.per_batch) == len(b.per_batch) > 1:
     var += evaluate.paired(a.per_batch, [(1 + margin) * x for x in b.per_batch])[1] ** 2
@@ -519,7 +518,6 @@ def plot(claim: Claim, g: dict[str, Group], out: str, scale: Scale, path: str) -
 
 
 def _paired_text(a: Group, b: Group | None) -> str:
-  from loco import evaluate
   if b is None or a is b or not a.per_batch or not b.per_batch:
     return '—'
   d, se = evaluate.paired(a.per_batch, b.per_batch)
@@ -589,6 +587,14 @@ def write_page(out: str, scale: Scale, page: str, figures: str, seconds: float) 
   return page
 
 
+def _seconds(clock: str, default: float) -> float:
+  """The run time kept in OUT/seconds.txt (summed over the invocations that trained)."""
+  if not os.path.exists(clock):
+    return default
+  with open(clock) as f:
+    return float(f.read())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(prog='python -m launch.claims', description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -604,7 +610,6 @@ def main(argv: Sequence[str] | None = None) -> int:
   figures = os.path.join(args.out, 'figures') if args.quick else FIGURES
   clock = os.path.join(args.out, 'seconds.txt')
   try:
-    import time
     t0 = time.time()
     if not args.page_only:
       code = run_sweep(tuning_runs(scale), os.path.join(args.out, 'tune'), args.parallel,
@@ -617,10 +622,9 @@ def main(argv: Sequence[str] | None = None) -> int:
       if code == 130:
         return code
       score_finals(args.out, scale)
-      previous = float(open(clock).read()) if os.path.exists(clock) else 0.0
       with open(clock, 'w') as f:
-        f.write(str(previous + time.time() - t0))
-    seconds = float(open(clock).read()) if os.path.exists(clock) else math.nan
+        f.write(str(_seconds(clock, 0.0) + time.time() - t0))
+    seconds = _seconds(clock, math.nan)
     print(f'claims page: {write_page(args.out, scale, page, figures, seconds)}')
     return 0
   except SweepError as e:

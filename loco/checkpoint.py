@@ -24,6 +24,7 @@ import re
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from loco.errors import CheckpointError
@@ -71,6 +72,29 @@ def lookup(tree: dict[str, Any], path) -> Any:
   for entry in path:
     tree = tree[_key_name(entry)]
   return tree
+
+
+def worker_means(saved: dict[str, Any], like, name: str = '') -> list[np.ndarray]:
+  """The leaves of `like` (one worker's shapes and dtypes) from the `named` tree `saved`
+  of a checkpoint, each the mean over its leading worker axis (an integer leaf: worker
+  0's), in `like`'s dtypes.
+
+  Raises:
+    KeyError: `name` + the path of a leaf `saved` lacks.
+    ValueError: (`name` + path, its saved shape, `like`'s) of a leaf whose shapes differ.
+  """
+  out = []
+  for path, x in jax.tree_util.tree_flatten_with_path(like)[0]:
+    where = f'{name}{jax.tree_util.keystr(path)}'
+    try:
+      value = np.asarray(lookup(saved, path))
+    except (KeyError, TypeError):
+      raise KeyError(where) from None
+    if value.shape[1:] != tuple(x.shape):
+      raise ValueError(where, value.shape[1:], tuple(x.shape))
+    floating = np.issubdtype(value.dtype, np.floating)
+    out.append((value.astype(np.float32).mean(0) if floating else value[0]).astype(x.dtype))
+  return out
 
 
 def read_named_state(path: str) -> tuple[str, dict[str, Any]]:

@@ -65,14 +65,11 @@ def mean_params(workdir: str, model_cfg: model_lib.ModelConfig) -> tuple[int, An
   where, saved = checkpoint_lib.read_named_state(workdir)
   like = jax.eval_shape(functools.partial(model_lib.init_params, model_cfg),
                         jax.random.key(0))[1]
-  leaves = []
-  for path, x in jax.tree_util.tree_flatten_with_path(like)[0]:
-    try:
-      value = np.asarray(checkpoint_lib.lookup(saved['params'], path), np.float32)
-    except (KeyError, TypeError):
-      raise WorkdirError(f'the checkpoint at {where} has no params'
-                         f'{jax.tree_util.keystr(path)}: its model differs.') from None
-    leaves.append(value.mean(0).astype(x.dtype))
+  try:
+    leaves = checkpoint_lib.worker_means(saved['params'], like, 'params')
+  except (KeyError, ValueError) as e:
+    raise WorkdirError(f'the checkpoint at {where} has no {e.args[0]} of this model: its '
+                       'model differs from its config.json.') from None
   return int(os.path.basename(where)), jax.tree.unflatten(jax.tree.structure(like), leaves)
 
 

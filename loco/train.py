@@ -220,22 +220,19 @@ def _warm_start(init, key, like: LocoState, source: str, inner_state: str,
   where, saved = checkpoint_lib.read_named_state(source)
 
   def averaged(field: str) -> list[np.ndarray]:
-    out = []
-    for path, x in jax.tree_util.tree_flatten_with_path(getattr(like, field))[0]:
-      name = f'{field}{jax.tree_util.keystr(path)}'
-      try:
-        value = np.asarray(checkpoint_lib.lookup(saved[field], path))
-      except (KeyError, TypeError):
-        differs = ('its model differs' if field == 'params' else
-                   'its inner optimizer differs (init_inner_state=fresh starts it anew)')
-        raise ConfigError(f'init_from: the checkpoint at {where} has no {name}; '
-                          f'{differs}.') from None
-      if value.shape[1:] != x.shape[1:]:
-        raise ConfigError(f'init_from: {name} is {value.shape[1:]} in {where} but '
-                          f'{x.shape[1:]} here; the models differ.')
-      floating = np.issubdtype(value.dtype, np.floating)
-      out.append((value.astype(np.float32).mean(0) if floating else value[0]).astype(x.dtype))
-    return out
+    one_worker = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
+                              getattr(like, field))
+    try:
+      return checkpoint_lib.worker_means(saved[field], one_worker, field)
+    except KeyError as e:
+      differs = ('its model differs' if field == 'params' else
+                 'its inner optimizer differs (init_inner_state=fresh starts it anew)')
+      raise ConfigError(f'init_from: the checkpoint at {where} has no {e.args[0]}; '
+                        f'{differs}.') from None
+    except ValueError as e:
+      name, saved_shape, shape = e.args
+      raise ConfigError(f'init_from: {name} is {saved_shape} in {where} but {shape} here; '
+                        'the models differ.') from None
 
   params = jax.tree.unflatten(jax.tree.structure(like.params), averaged('params'))
   state = init(key, params)
