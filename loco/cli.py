@@ -1,0 +1,104 @@
+"""The error boundary every command shares: one line, a non-zero exit, no traceback.
+
+Each command's `main(argv)` is `cli.run(PROG, body, argv)`, where `body(args)` does the
+work and returns an exit code. What a user can cause ends in one line on stderr:
+
+  PROG: error: MESSAGE      exit 1 (a LocoError, an OSError such as a read-only or full
+                            disk, a file where a directory is expected)
+  PROG: error: MESSAGE      exit 2 (bad arguments, from `Parser`)
+  PROG: stopped: ...        exit 130 (Ctrl-C, SIGTERM)
+
+A bug (any other exception) still shows its traceback: it is not the user's to fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import signal
+import sys
+from typing import Callable, NoReturn
+
+from loco.errors import LocoError
+
+
+class Parser(argparse.ArgumentParser):
+  """argparse whose errors are one line (`PROG: error: ...`, exit 2), not usage + error."""
+
+  def error(self, message: str) -> NoReturn:
+    print(f'{self.prog}: error: {message} (see --help)', file=sys.stderr)
+    sys.exit(2)
+
+
+def positive_int(text: str) -> int:
+  """An argparse type: a whole number >= 1."""
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'{text!r} is not a whole number') from None
+  if value < 1:
+    raise argparse.ArgumentTypeError(f'{text!r} must be at least 1')
+  return value
+
+
+def describe_os_error(e: OSError) -> str:
+  """An OSError as one sentence naming the file: 'cannot write runs/x/a.json: No space
+  left on device'."""
+  what = e.strerror or str(e) or type(e).__name__
+  if e.errno == errno.ENOSPC:
+    what = 'the disk is full'
+  elif e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+    what = f'{what} (read-only or not writable)'
+  name = e.filename if e.filename is not None else ''
+  return f'{name}: {what}' if name else what
+
+
+def _terminate(signum, frame):
+  del signum, frame
+  raise KeyboardInterrupt
+
+
+def run(prog: str, body: Callable[[], int | None]) -> int:
+  """Runs `body()` inside the boundary; returns the process's exit code."""
+  previous = signal.getsignal(signal.SIGTERM)
+  try:
+    signal.signal(signal.SIGTERM, _terminate)   # a scheduler's stop reads like Ctrl-C
+  except ValueError:   # not the main thread: leave SIGTERM alone
+    previous = None
+  try:
+    return int(body() or 0)
+  except KeyboardInterrupt:
+    print(f'{prog}: stopped: interrupted; what was finished before is kept, and the same '
+          'command starts again from there.', file=sys.stderr)
+    return 130
+  except LocoError as e:
+    print(f'{prog}: error: {e}', file=sys.stderr)
+    return 1
+  except OSError as e:
+    print(f'{prog}: error: {describe_os_error(e)}', file=sys.stderr)
+    return 1
+  finally:
+    if previous is not None:
+      signal.signal(signal.SIGTERM, previous)
+    sys.stdout.flush()
+
+
+def exit_with(prog: str, body: Callable[[], int | None]) -> NoReturn:
+  """`sys.exit(run(prog, body))` for a module's `if __name__ == '__main__'`."""
+  code = run(prog, body)
+  sys.stderr.flush()
+  sys.exit(code)
+
+
+def check_output_dir(path: str, what: str = '--out') -> None:
+  """Raises LocoError unless `path` is (or can be made) a writable directory."""
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise LocoError(f'{what} {path} is a file, not a directory.')
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise LocoError(f'{what} {path} cannot be created: {describe_os_error(e)}.') from None
+  if not os.access(path, os.W_OK):
+    raise LocoError(f'{what} {path} is not writable (read-only?).')
+
