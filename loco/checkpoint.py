@@ -97,12 +97,13 @@ def worker_means(saved: dict[str, Any], like, name: str = '') -> list[np.ndarray
   return out
 
 
-def read_named_state(path: str) -> tuple[str, dict[str, Any]]:
+def read_named_state(path: str, what: str = 'init_from') -> tuple[str, dict[str, Any]]:
   """The train state of a checkpoint, as saved (`named`, host arrays), for a warm start.
 
   Args:
     path: a workdir (its latest checkpoint), its `checkpoints/` folder, or one
       `checkpoints/<step>/` folder.
+    what: what the errors name the path by (the config key or the command).
 
   Returns:
     (the checkpoint's folder, its named state).
@@ -113,20 +114,23 @@ def read_named_state(path: str) -> tuple[str, dict[str, Any]]:
     path, step = os.path.dirname(path), int(os.path.basename(path))
   elif os.path.isdir(os.path.join(path, 'checkpoints')):
     path = os.path.join(path, 'checkpoints')
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise CheckpointError(f'{what}: {path} is a file, not a run directory or a checkpoint '
+                          'folder.')
   if not os.path.isdir(path):
-    raise CheckpointError(f'init_from: {path} does not exist.')
+    raise CheckpointError(f'{what}: {path} does not exist.')
   manager = ocp.CheckpointManager(path, item_names=ITEMS,
                                   options=ocp.CheckpointManagerOptions(create=False))
   try:
     step = manager.latest_step() if step is None else step
     if step is None:
-      raise CheckpointError(f'init_from: no finished checkpoint in {path}.')
+      raise CheckpointError(f'{what}: no finished checkpoint in {path}.')
     where = os.path.join(path, str(step))
     try:
       restored = manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
     except Exception as e:  # orbax raises many types for unreadable files.
       first = (str(e).strip().splitlines() or [''])[0][:200]
-      raise CheckpointError(f'init_from: the checkpoint at {where} cannot be read '
+      raise CheckpointError(f'{what}: the checkpoint at {where} cannot be read '
                             f'({type(e).__name__}: {first}).') from e
     return where, restored['state']
   finally:

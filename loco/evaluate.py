@@ -1,15 +1,24 @@
-"""Evaluating finished runs again: more held-out tokens, the same batches for every run.
+"""Evaluation: one implementation for the training loop and for finished runs.
 
   python -m loco.evaluate RUN [RUN ...] [--batches=512] [--batch_size=16] [--split=SPLIT]
 
-For each run, the mean of its workers' models in its latest checkpoint is scored on
-`batches` fixed eval windows of the run's seq_len from `split` (default: the run's own
-eval split), and the result is written to RUN/evals/SPLIT_BATCHESxBATCH_SIZE.json:
-{step, split, loss, se, per_batch}. Runs of the same data and seq_len are scored on the
-same windows, so two of them compare by the paired difference of their per-batch losses
-(`paired`), whose standard error is far below either run's own: the per-batch losses of
-two models move together with the batch's difficulty.
+The windows (`loco.data.make_eval_windows`) are drawn across the whole split, one per
+equal stratum of its documents in a fixed shuffled order, and each window's loss is kept
+with its document. The eval loss is the mean over windows; its standard error is
+clustered by document (`stats.clustered_mean`), since windows of one document move
+together. The training loop (`make_evaluator`) scores the mean of the workers' models
+every `eval.every` steps; this command scores the mean model of a run's latest
+checkpoint on as many windows as asked and writes RUN/evals/SPLIT_BATCHESxBATCH_SIZE.json:
+
+  {step, split, batches, batch_size, loss, se (clustered by document), se_iid (over
+   windows), documents (touched), split_documents, per_batch, window_losses, window_docs}
+
+Runs of the same data and seq_len are scored on the same windows, so two of them compare
+by the paired difference of their per-window losses (`stats.paired_clustered`), whose
+standard error is far below either run's own.
 """
+
+from __future__ import annotations
 
 import argparse
 import functools
@@ -24,12 +33,59 @@ import jax.numpy as jnp
 import numpy as np
 
 from loco import checkpoint as checkpoint_lib
+from loco import cli
 from loco import data as data_lib
 from loco import model as model_lib
+from loco import stats
 from loco import workdir as workdir_lib
+from loco import workers
 from loco.errors import LocoError, WorkdirError
 
 EVALS = 'evals'
+
+
+def window_losses(model_cfg, graphdef, params, tokens_NxBxLp1: jax.Array) -> jax.Array:
+  """Mean cross-entropy of each window, float32 [N, B] (one batch at a time)."""
+  return jax.lax.map(
+      lambda b: jnp.mean(model_lib.token_losses(model_cfg, graphdef, params, b), axis=-1),
+      tokens_NxBxLp1)
+
+
+def summarize(losses_NxB, docs_NxB) -> dict[str, float]:
+  """`eval_loss` (the mean over windows) and, with two or more documents,
+  `eval_loss_se` (its standard error clustered by document)."""
+  losses = np.asarray(losses_NxB, np.float64).ravel()
+  docs = np.asarray(docs_NxB).ravel()
+  if len(np.unique(docs)) < 2 or not np.all(np.isfinite(losses)):
+    return {'eval_loss': float(losses.mean())}
+  mean, se, _ = stats.clustered_mean(losses, docs)
+  return {'eval_loss': float(mean), 'eval_loss_se': float(se)}
+
+
+def make_evaluator(model_cfg, graphdef, per_worker: bool):
+  """The in-loop eval: `evaluate(params_MxP, windows) -> {name: float}`.
+
+  Scores the worker-averaged model on `windows` (`data.EvalWindows`): `eval_loss`,
+  `eval_loss_se` (clustered by document), `worker_spread`, and with `per_worker` the
+  mean of each worker's own eval loss (`eval_loss_workers`).
+  """
+  @jax.jit
+  def scores(params_MxP, tokens):
+    out = {'window_losses': window_losses(model_cfg, graphdef,
+                                          workers.mean_model(params_MxP), tokens),
+           'worker_spread': workers.worker_spread(params_MxP)}
+    if per_worker:
+      out['eval_loss_workers'] = jnp.mean(jax.vmap(
+          lambda p: jnp.mean(window_losses(model_cfg, graphdef, p, tokens)))(params_MxP))
+    return out
+
+  def evaluate(params_MxP, windows: data_lib.EvalWindows) -> dict[str, float]:
+    out = jax.device_get(scores(params_MxP, windows.tokens))
+    result = summarize(out.pop('window_losses'), windows.docs)
+    result.update({k: float(v) for k, v in out.items()})
+    return result
+
+  return evaluate
 
 
 def _name(split: str, batches: int, batch_size: int) -> str:
@@ -45,24 +101,19 @@ def result_path(workdir: str, split: str, batches: int, batch_size: int) -> str:
 def _scorer(model_cfg: model_lib.ModelConfig):
   graphdef = jax.eval_shape(functools.partial(model_lib.init_params, model_cfg),
                             jax.random.key(0))[0]
-
-  @jax.jit
-  def per_batch(params, batches_NxBxL):
-    return jax.lax.map(
-        lambda b: model_lib.loss_fn(model_cfg, graphdef, params, b)[1]['ce'], batches_NxBxL)
-  return per_batch
+  return jax.jit(functools.partial(window_losses, model_cfg, graphdef))
 
 
 @functools.lru_cache(maxsize=8)
 def _windows(data_json: str, split: str, seq_len: int, batches: int, batch_size: int):
-  data = data_lib.DataConfig(**{**json.loads(data_json), 'eval_split': split})
-  return data_lib.make_eval_batches(data, batch_size=batch_size, seq_len=seq_len,
-                                    num_batches=batches)
+  data = data_lib.DataConfig(**json.loads(data_json))
+  return data_lib.make_eval_windows(data, batch_size=batch_size, seq_len=seq_len,
+                                    num_batches=batches, split=split)
 
 
 def mean_params(workdir: str, model_cfg: model_lib.ModelConfig) -> tuple[int, Any]:
   """(step, the mean of the workers' params) of the run's latest checkpoint."""
-  where, saved = checkpoint_lib.read_named_state(workdir)
+  where, saved = checkpoint_lib.read_named_state(workdir, what=workdir)
   like = jax.eval_shape(functools.partial(model_lib.init_params, model_cfg),
                         jax.random.key(0))[1]
   try:
@@ -73,57 +124,72 @@ def mean_params(workdir: str, model_cfg: model_lib.ModelConfig) -> tuple[int, An
   return int(os.path.basename(where)), jax.tree.unflatten(jax.tree.structure(like), leaves)
 
 
+def _stored_run(workdir: str) -> tuple[dict[str, Any], model_lib.ModelConfig]:
+  stored = workdir_lib.read_json(os.path.join(workdir, workdir_lib.CONFIG))
+  try:
+    config = stored['config']
+    model = {k: v for k, v in stored['model'].items()
+             if k not in ('param_count', 'flops_per_token')}
+    model_cfg = model_lib.ModelConfig(**model)
+    config['data'], config['seq_len']   # pylint: disable=pointless-statement
+  except (TypeError, KeyError, ValueError, AttributeError):
+    raise WorkdirError(f'{workdir} is not a loco run (no readable config.json).') from None
+  return config, model_cfg
+
+
 def evaluate_run(workdir: str, batches: int = 512, batch_size: int = 16,
                  split: str | None = None) -> dict[str, Any]:
   """Scores the run's latest checkpoint (see the module doc); writes and returns it."""
-  stored = workdir_lib.read_json(os.path.join(workdir, workdir_lib.CONFIG))
-  if not isinstance(stored, dict) or 'config' not in stored:
-    raise WorkdirError(f'{workdir} is not a loco run (no readable config.json).')
-  config = stored['config']
-  model = {k: v for k, v in stored['model'].items()
-           if k not in ('param_count', 'flops_per_token')}
-  model_cfg = model_lib.ModelConfig(**model)
+  if batches < 1 or batch_size < 1:
+    raise LocoError(f'batches ({batches}) and batch_size ({batch_size}) must be at least 1.')
+  config, model_cfg = _stored_run(workdir)
   split = split or config['data']['eval_split']
   step, params = mean_params(workdir, model_cfg)
   windows = _windows(json.dumps(config['data'], sort_keys=True), split, config['seq_len'],
                      batches, batch_size)
-  per_batch = np.asarray(_scorer(model_cfg)(params, jnp.asarray(windows)), np.float64)
+  losses = np.asarray(_scorer(model_cfg)(params, jnp.asarray(windows.tokens)), np.float64)
+  if not np.all(np.isfinite(losses)):
+    raise LocoError(f'the model of {workdir} at step {step} scores a non-finite loss on '
+                    f'{split}: it diverged.')
+  summary = summarize(losses, windows.docs)
+  flat = losses.ravel()
   result = dict(step=step, split=split, batches=batches, batch_size=batch_size,
-                loss=float(per_batch.mean()),
-                se=float(per_batch.std(ddof=1) / math.sqrt(len(per_batch))),
-                per_batch=per_batch.tolist())
+                loss=summary['eval_loss'], se=summary.get('eval_loss_se'),
+                se_iid=(float(flat.std(ddof=1) / math.sqrt(flat.size)) if flat.size > 1
+                        else None),
+                documents=int(len(np.unique(windows.docs))),
+                split_documents=windows.split_documents,
+                per_batch=losses.mean(axis=1).tolist(),
+                window_losses=losses.tolist(), window_docs=windows.docs.tolist())
   path = result_path(workdir, split, batches, batch_size)
   os.makedirs(os.path.dirname(path), exist_ok=True)
   workdir_lib.write_json(path, result)
   return result
 
 
-def paired(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
-  """(mean of a - b, its standard error over batches) for per-batch losses of two
-  models (or of two groups of models, averaged per batch) on the same batches."""
-  if len(a) != len(b) or len(a) < 2:
-    raise ValueError('paired needs two equal-length lists of at least two batch losses.')
-  d = np.asarray(a, np.float64) - np.asarray(b, np.float64)
-  return float(d.mean()), float(d.std(ddof=1) / math.sqrt(len(d)))
+def _describe(run: str, r: dict[str, Any]) -> str:
+  se = 'n/a (one document)' if r['se'] is None else f'{r["se"]:.4f}'
+  return (f'{run}: step {r["step"]}, eval loss {r["loss"]:.4f} ± {se} (SE clustered by '
+          f'document; {r["batches"]} batches of {r["batch_size"]} windows from '
+          f'{r["documents"]} of {r["split_documents"]} documents of {r["split"]})')
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog='python -m loco.evaluate', description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = cli.Parser(prog='python -m loco.evaluate', description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('runs', nargs='+')
-  parser.add_argument('--batches', type=int, default=512)
-  parser.add_argument('--batch_size', type=int, default=16)
+  parser.add_argument('--batches', type=cli.positive_int, default=512)
+  parser.add_argument('--batch_size', type=cli.positive_int, default=16)
   parser.add_argument('--split', default=None)
   args = parser.parse_args(argv)
-  try:
+
+  def body() -> int:
     for run in args.runs:
-      r = evaluate_run(run, args.batches, args.batch_size, args.split)
-      print(f'{run}: step {r["step"]}, eval loss {r["loss"]:.4f} ± {r["se"]:.4f} (SE over '
-            f'{args.batches} batches of {args.batch_size} on {r["split"]})')
-  except LocoError as e:
-    print(f'loco.evaluate: error: {e}', file=sys.stderr)
-    return 1
-  return 0
+      print(_describe(run, evaluate_run(run, args.batches, args.batch_size, args.split)),
+            flush=True)
+    return 0
+
+  return cli.run('loco.evaluate', body)
 
 
 if __name__ == '__main__':

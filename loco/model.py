@@ -398,14 +398,27 @@ def loss_fn(cfg: ModelConfig, graphdef: nnx.GraphDef, params: PyTree,
     cross-entropy in nats/token and `aux['z_loss']` the added term
     `cfg.z_loss * mean(logsumexp(logits)^2)` (PaLM, arXiv 2204.02311).
   """
+  log_z_BxL, target_logit_BxL = _log_z_and_target(cfg, graphdef, params, batch_BxLp1)
+  ce = jnp.mean(log_z_BxL - target_logit_BxL)
+  z_loss = cfg.z_loss * jnp.mean(jnp.square(log_z_BxL))
+  return ce + z_loss, {'ce': ce, 'z_loss': z_loss}
+
+
+def token_losses(cfg: ModelConfig, graphdef: nnx.GraphDef, params: PyTree,
+                 batch_BxLp1: jax.Array) -> jax.Array:
+  """Per-token cross-entropy (nats) of one model, float32 [B, L]: what an evaluation
+  that keeps each window's loss (with its document) averages."""
+  log_z_BxL, target_logit_BxL = _log_z_and_target(cfg, graphdef, params, batch_BxLp1)
+  return log_z_BxL - target_logit_BxL
+
+
+def _log_z_and_target(cfg, graphdef, params, batch_BxLp1):
   inputs_BxL, targets_BxL = batch_BxLp1[:, :-1], batch_BxLp1[:, 1:]
   logits_BxLxV = apply(cfg, graphdef, params, inputs_BxL)
   log_z_BxL = jax.nn.logsumexp(logits_BxLxV, axis=-1)
   target_logit_BxL = jnp.take_along_axis(
       logits_BxLxV, targets_BxL[..., None].astype(jnp.int32), axis=-1)[..., 0]
-  ce = jnp.mean(log_z_BxL - target_logit_BxL)
-  z_loss = cfg.z_loss * jnp.mean(jnp.square(log_z_BxL))
-  return ce + z_loss, {'ce': ce, 'z_loss': z_loss}
+  return log_z_BxL, target_logit_BxL
 
 
 @functools.cache

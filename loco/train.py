@@ -24,6 +24,7 @@ from loco import algorithms
 from loco import commlog
 from loco import configs
 from loco import data as data_lib
+from loco import evaluate as evaluate_lib
 from loco import model as model_lib
 from loco import network as network_lib
 from loco import optim
@@ -301,34 +302,6 @@ def _pad_steps(tree, length: int):
   return jax.tree.map(pad, tree)
 
 
-def make_evaluator(model_cfg, graphdef, per_worker: bool):
-  """Jitted eval of the worker-averaged model and, optionally, of each worker.
-
-  `eval_loss_se` is the standard error of `eval_loss` over its batches (sample std of
-  the batch means / sqrt(batches)): the evaluation's own noise, to set `eval.batches`.
-  """
-  def loss_on(params, batches_NxBxL):
-    def body(total, batch):
-      loss = model_lib.loss_fn(model_cfg, graphdef, params, batch)[1]['ce']
-      return total + loss, loss
-    total, per_batch_N = jax.lax.scan(body, jnp.zeros((), jnp.float32), batches_NxBxL)
-    return total / batches_NxBxL.shape[0], per_batch_N
-
-  @jax.jit
-  def evaluate(params_MxP, batches):
-    loss, per_batch_N = loss_on(workers.mean_model(params_MxP), batches)
-    n = per_batch_N.shape[0]
-    out = {'eval_loss': loss, 'worker_spread': workers.worker_spread(params_MxP)}
-    if n > 1:
-      out['eval_loss_se'] = jnp.std(per_batch_N, ddof=1) / np.sqrt(n)
-    if per_worker:
-      losses = jax.vmap(lambda p: loss_on(p, batches)[0])(params_MxP)
-      out['eval_loss_workers'] = jnp.mean(losses)
-    return out
-
-  return evaluate
-
-
 def _all_finite(tree) -> jax.Array:
   return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
                             if jnp.issubdtype(x.dtype, jnp.floating)]))
@@ -537,9 +510,9 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
     mine = train_data.workers
     print(f'loco: process {jax.process_index()} reads the data of workers '
           f'{mine[0]}-{mine[-1]} of {r.num_workers}.', flush=True)
-  eval_batches = jnp.asarray(data_lib.make_eval_batches(
+  eval_windows = data_lib.make_eval_windows(
       exp.data, batch_size=r.eval_batch_size, seq_len=r.seq_len,
-      num_batches=r.eval_batches))
+      num_batches=r.eval_batches)
   clock.lap('data')
 
   counters = _Counters()
@@ -553,7 +526,7 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
     _write_config_json(wd, config, exp)
   clock.lap('restore')
 
-  evaluate = make_evaluator(exp.model, graphdef, r.eval_per_worker)
+  evaluate = evaluate_lib.make_evaluator(exp.model, graphdef, r.eval_per_worker)
   check_finite = jax.jit(_all_finite)
   writer = MetricsWriter(wd.path, resume_step=start, note=note) if is_main else _NoWriter()
   comm_log = (commlog.CommLog(wd.path, r.num_workers, resume_step=start) if is_main
@@ -613,6 +586,7 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
 
   step = start
   pending = None          # (end_step, k, outputs) of the chunk in flight
+  eval_cost_said = False
   while step < total:
     if STOP.is_set():
       raise KeyboardInterrupt
@@ -633,7 +607,14 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
       record, step_seconds = finish_chunk(*pending)
       pending = None
       if boundary_eval:
-        record.update({k_: float(v) for k_, v in evaluate(state.params, eval_batches).items()})
+        t_eval = time.perf_counter()
+        record.update(evaluate(state.params, eval_windows))
+        if not eval_cost_said:
+          eval_cost_said = True
+          note(f'eval: {r.eval_batches} x {r.eval_batch_size} windows from '
+               f'{len(np.unique(eval_windows.docs))} of {eval_windows.split_documents} '
+               f'documents of {exp.data.eval_split}, {time.perf_counter() - t_eval:.1f} s '
+               'per eval (the first includes compiling it).')
       # The row first, then the checkpoint: a checkpoint never exists without its row.
       _emit(writer, progress, record, step_seconds)
       if boundary_ckpt:

@@ -380,24 +380,52 @@ def test_a_process_reads_only_its_workers_and_resumes_from_the_whole_state(text_
     again.set_state(state)    # positions missing: not a whole state
 
 
-def test_eval_batches(stdlib_cfg, text_cfg):
-  batches = ld.make_eval_batches(stdlib_cfg, batch_size=16, seq_len=256,
-                                 num_batches=32)
-  assert batches.shape == (32, 16, 257) and batches.dtype == np.int32
-  np.testing.assert_array_equal(
-      batches, ld.make_eval_batches(stdlib_cfg, batch_size=16, seq_len=256,
-                                    num_batches=32))
-  # Windows come from validation documents only and cover many of them.
+def _window_segment(window, eos=EOS):
+  """The bytes of the document run that holds the window's middle token (EOS excluded)."""
+  m = len(window) // 2
+  cuts = np.flatnonzero(window == eos)
+  left = cuts[cuts < m]
+  right = cuts[cuts >= m]
+  lo = left[-1] + 1 if len(left) else 0
+  hi = right[0] if len(right) else len(window)
+  return window[lo:hi].astype(np.uint8).tobytes()
+
+
+def test_eval_windows_are_fixed_and_read_their_documents(stdlib_cfg, text_cfg):
+  w = ld.make_eval_windows(stdlib_cfg, batch_size=16, seq_len=256, num_batches=32)
+  assert w.tokens.shape == (32, 16, 257) and w.tokens.dtype == np.int32
+  assert w.docs.shape == (32, 16)
+  again = ld.make_eval_windows(stdlib_cfg, batch_size=16, seq_len=256, num_batches=32)
+  np.testing.assert_array_equal(w.tokens, again.tokens)
+  np.testing.assert_array_equal(w.docs, again.docs)
+  # Each window's middle token lies in the validation document it is labelled with,
+  # and no window reads the training split.
   valid = sources.open_documents(stdlib_cfg, 'validation')
-  train = sources.open_documents(stdlib_cfg, 'train')
-  train_text = b'\n'.join(train.texts[:50])
-  joined = b'\x00'.join(valid.texts)
-  pieces = [s for w in batches.reshape(-1, 257)[::37]
-            for s in _segments(np.append(w, EOS)) if len(s) > 40]
-  assert pieces and all(p in joined for p in pieces)
-  assert not all(p in train_text for p in pieces)
+  assert w.split_documents == len(valid) == w.documents_read
+  for window, doc in zip(w.tokens.reshape(-1, 257)[::7], w.docs.ravel()[::7]):
+    assert _window_segment(window) in valid[int(doc)]
   with pytest.raises(errors.DataError, match='eval batches'):
-    ld.make_eval_batches(text_cfg, batch_size=64, seq_len=1024, num_batches=8)
+    ld.make_eval_windows(text_cfg, batch_size=64, seq_len=1024, num_batches=8)
+
+
+@pytest.mark.parametrize('num_batches', [4, 32])
+def test_eval_windows_cover_the_split_in_proportion_to_its_tokens(stdlib_cfg, num_batches):
+  """Windows sit one per equal stratum of the split's stream: every document that spans
+  two strata is read, and each document gets windows in proportion to its tokens."""
+  batch_size, seq_len = 16, 64
+  w = ld.make_eval_windows(stdlib_cfg, batch_size=batch_size, seq_len=seq_len,
+                           num_batches=num_batches, split='validation')
+  valid = sources.open_documents(stdlib_cfg, 'validation')
+  sizes = np.array([len(valid[i]) + 1 for i in range(len(valid))])   # bytes + EOS
+  n = num_batches * batch_size
+  stratum = sizes.sum() / n
+  touched = set(w.docs.ravel().tolist())
+  assert {i for i in range(len(valid)) if sizes[i] >= 2 * stratum} <= touched
+  counts = np.bincount(w.docs.ravel(), minlength=len(valid))
+  # A document of s tokens holds between s / stratum - 2 and s / stratum + 2 windows.
+  assert np.all(np.abs(counts - sizes / stratum) <= 2), (counts, sizes / stratum)
+  # Every batch spans the split: its windows come from strata spread over the stream.
+  assert min(len(set(b.tolist())) for b in w.docs) >= min(batch_size, len(touched)) // 2
 
 
 def test_unigram_entropy_of_stdlib_bytes(stdlib_cfg):
@@ -428,8 +456,8 @@ def test_tfds_source_with_mock_c4(tmp_path):
       np.testing.assert_array_equal(next(resumed), want)
     resumed.close()
     assert expected[0].shape == (2, 2, 17) and expected[0].max() <= EOS
-    evals = ld.make_eval_batches(cfg, batch_size=2, seq_len=16, num_batches=2)
-    assert evals.shape == (2, 2, 17)
+    evals = ld.make_eval_windows(cfg, batch_size=2, seq_len=16, num_batches=2)
+    assert evals.tokens.shape == (2, 2, 17) and evals.docs.shape == (2, 2)
     fp = ld.dataset_fingerprint(cfg)
     assert fp['source'] == 'tfds' and fp['splits']['train']['docs'] == 40
     with pytest.raises(errors.DataError, match="no feature 'body'"):
@@ -452,7 +480,7 @@ def test_tfds_unprepared_dataset_is_data_error(tmp_path, name):
   cfg = ld.DataConfig(source='tfds', tfds_name=name, data_dir=str(tmp_path))
   with pytest.raises(errors.DataError,
                      match=f"'{name}' is not prepared in {tmp_path}.*build"):
-    ld.make_eval_batches(cfg, batch_size=1, seq_len=8, num_batches=1)
+    ld.make_eval_windows(cfg, batch_size=1, seq_len=8, num_batches=1)
 
 
 def test_tfds_reads_a_prepared_loco_corpus_by_name(text_cfg):

@@ -2,7 +2,10 @@
 
 import json
 import math
+import os
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -26,25 +29,57 @@ def test_rescoring_a_run_on_its_own_eval_windows_gives_its_logged_eval_loss(
   again = evaluate.evaluate_run(workdir, batches=c.eval.batches, batch_size=c.eval.batch_size)
   assert again['step'] == logged['step'] == c.steps
   assert again['loss'] == pytest.approx(logged['eval_loss'], abs=1e-5)
-  assert again['se'] == pytest.approx(logged['eval_loss_se'], rel=1e-3)
+  if again['documents'] > 1:
+    assert again['se'] == pytest.approx(logged['eval_loss_se'], rel=1e-3)
+  else:   # one document: no clustered SE, in the log or here
+    assert again['se'] is None and 'eval_loss_se' not in logged
   more = evaluate.evaluate_run(workdir, batches=8, batch_size=4)
   assert len(more['per_batch']) == 8 and more['loss'] != again['loss']
+  assert np.asarray(more['window_losses']).shape == np.asarray(more['window_docs']).shape == (8, 4)
+  assert more['loss'] == pytest.approx(np.mean(more['window_losses']), abs=1e-9)
+  assert more['documents'] == len(set(np.ravel(more['window_docs'])))
   path = evaluate.result_path(workdir, c.data.eval_split, 8, 4)
   assert evaluate.main([workdir, '--batches=8', '--batch_size=4']) == 0
   assert json.load(open(path))['per_batch'] == pytest.approx(more['per_batch'], abs=1e-6)
 
 
-def test_paired_differences_remove_what_two_models_share():
-  rng = np.random.default_rng(0)
-  difficulty = rng.normal(2.0, 0.5, size=400)       # batches differ a lot
-  a = difficulty + rng.normal(0, 0.01, 400)
-  b = difficulty + 0.02 + rng.normal(0, 0.01, 400)
-  d, se = evaluate.paired(a, b)
-  assert d == pytest.approx(-0.02, abs=0.003)
-  assert se == pytest.approx(math.sqrt(2) * 0.01 / 20, rel=0.15)
-  assert se < np.std(a, ddof=1) / 20 / 10           # far below either run's own SE
-  with pytest.raises(ValueError):
-    evaluate.paired([1.0, 2.0], [1.0])
+def test_the_eval_keeps_each_windows_loss_and_clusters_its_se_by_document():
+  """The in-loop evaluator scores the mean of the workers' models window by window; its
+  SE is the CR1 document-clustered one, computed here by hand."""
+  from loco import data as data_lib, model as model_lib, workers
+  cfg = model_lib.model_config('nano', vocab_size=64)
+  graphdef, params = model_lib.init_params(cfg, jax.random.key(0))
+  other = jax.tree.map(lambda x: x * 0.9, params)
+  stacked = jax.tree.map(lambda a, b: jnp.stack([a, b]), params, other)
+  mean = jax.tree.map(lambda x: x.mean(0), stacked)
+  tokens = np.asarray(jax.random.randint(jax.random.key(1), (3, 2, 17), 0, 64), np.int32)
+  docs = np.array([[0, 0], [1, 1], [2, 0]], np.int32)
+  windows = data_lib.EvalWindows(tokens, docs, documents_read=3, split_documents=3)
+  out = evaluate.make_evaluator(cfg, graphdef, per_worker=True)(stacked, windows)
+  per_window = np.array([[float(model_lib.loss_fn(cfg, graphdef, mean, tokens[i, j:j + 1])[1]['ce'])
+                          for j in range(2)] for i in range(3)])
+  assert out['eval_loss'] == pytest.approx(per_window.mean(), rel=1e-5)
+  # CR1 by hand: residual sums per document, G = 3 documents, n = 6 windows.
+  r = per_window - per_window.mean()
+  sums = [r[0, 0] + r[0, 1] + r[2, 1], r[1, 0] + r[1, 1], r[2, 0]]
+  se = math.sqrt(3 / 2 * sum(x * x for x in sums) / 36)
+  assert out['eval_loss_se'] == pytest.approx(se, rel=1e-4)
+  own = [np.mean([float(model_lib.loss_fn(cfg, graphdef, p, tokens[i])[1]['ce'])
+                  for i in range(3)]) for p in (params, other)]
+  assert out['eval_loss_workers'] == pytest.approx(np.mean(own), rel=1e-5)
+  assert out['worker_spread'] > 0
+  one_doc = data_lib.EvalWindows(tokens, np.zeros_like(docs), 1, 1)
+  assert 'eval_loss_se' not in evaluate.make_evaluator(cfg, graphdef, False)(stacked, one_doc)
+
+
+def test_bad_batch_counts_are_one_line_and_write_nothing(nano_config, tmp_path, capsys):
+  for bad in ('0', '-3', 'x'):
+    with pytest.raises(SystemExit) as e:
+      evaluate.main([str(tmp_path), f'--batches={bad}'])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('python -m loco.evaluate: error: argument --batches')
+  assert not os.path.exists(tmp_path / 'evals')
 
 
 def test_a_directory_that_is_not_a_run_is_one_line(tmp_path, capsys):

@@ -236,15 +236,3 @@ def test_warm_start_errors_are_one_line_and_leave_no_workdir(nano_config, tmp_pa
     train.run(nano_config, str(tmp_path / 'run'))
 
 
-def test_the_eval_reports_its_standard_error_over_batches():
-  from loco import model as model_lib, workers
-  cfg = model_lib.model_config('nano', vocab_size=64)
-  graphdef, params = model_lib.init_params(cfg, jax.random.key(0))
-  batches = jax.random.randint(jax.random.key(1), (5, 3, 17), 0, 64)
-  stacked = workers.replicate(params, 2)
-  out = train.make_evaluator(cfg, graphdef, per_worker=False)(stacked, batches)
-  per_batch = [float(model_lib.loss_fn(cfg, graphdef, params, b)[1]['ce']) for b in batches]
-  np.testing.assert_allclose(float(out['eval_loss']), np.mean(per_batch), rtol=1e-5)
-  np.testing.assert_allclose(float(out['eval_loss_se']), np.std(per_batch, ddof=1) / 5 ** 0.5,
-                             rtol=1e-4)
-  assert 'eval_loss_se' not in train.make_evaluator(cfg, graphdef, False)(stacked, batches[:1])

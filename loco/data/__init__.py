@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 # does not import the tokenizers module twice (once here, once as __main__).
 _EXPORTS = {
     'DataConfig': 'loco.data.config',
+    'EvalWindows': 'loco.data.pipeline',
     'TrainIterator': 'loco.data.pipeline',
     'dataset_fingerprint': 'loco.data.pipeline',
-    'make_eval_batches': 'loco.data.pipeline',
+    'make_eval_windows': 'loco.data.pipeline',
     'make_train_iterator': 'loco.data.pipeline',
     'unigram_entropy_nats': 'loco.data.pipeline',
     'ByteTokenizer': 'loco.data.tokenizers',
@@ -32,7 +33,8 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
   from loco.data.config import DataConfig
   from loco.data.pipeline import dataset_fingerprint
-  from loco.data.pipeline import make_eval_batches
+  from loco.data.pipeline import EvalWindows
+  from loco.data.pipeline import make_eval_windows
   from loco.data.pipeline import make_train_iterator
   from loco.data.pipeline import TrainIterator
   from loco.data.pipeline import unigram_entropy_nats

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, NamedTuple, Sequence
 
 import grain
 import numpy as np
@@ -33,8 +33,8 @@ from loco.data import sources
 from loco.data import tokenizers
 
 STATE_FORMAT = 1
-EVAL_SEED = 0  # The eval document order never depends on the run's seed.
-_EVAL_OVERSAMPLE = 4  # Read 4x the tokens needed, spread windows over them.
+EVAL_SEED = 0  # The eval document order and window offsets never depend on the run's seed.
+EVAL_MAX_TOKENS = 16_000_000  # Eval windows are drawn over at most this much of a split.
 _ENTROPY_MAX_TOKENS = 4_000_000
 _ENDLESS = 2**62
 
@@ -240,44 +240,78 @@ def make_train_iterator(cfg: config_lib.DataConfig, *, num_workers: int,
       signature=_signature(cfg, docs, tokenizer, num_workers, seed))
 
 
-def _eval_tokens(cfg: config_lib.DataConfig, max_tokens: int
-                 ) -> tuple[np.ndarray, sources.Documents,
-                            tokenizers.Tokenizer]:
-  """Eval-split tokens (EOS after each document) in a fixed shuffled order."""
+class EvalWindows(NamedTuple):
+  """Fixed eval windows and the document each one reads (see `make_eval_windows`)."""
+
+  tokens: np.ndarray     # int32 [batches, batch_size, seq_len + 1]
+  docs: np.ndarray       # int32 [batches, batch_size]: the split's index of the document
+                         # holding each window's middle token
+  documents_read: int    # documents of the split the windows were drawn over
+  split_documents: int   # documents in the split
+
+
+def _eval_stream(cfg: config_lib.DataConfig, split: str, max_tokens: int):
+  """The split's documents (EOS after each) in a fixed shuffled order, up to `max_tokens`.
+
+  Returns (stream, starts, ids, docs, tokenizer): document k of the order begins at
+  stream[starts[k]] and is document ids[k] of the split.
+  """
   tokenizer = tokenizers.make_tokenizer(cfg)
-  docs = sources.open_documents(cfg, cfg.eval_split)
+  docs = sources.open_documents(cfg, split)
   eos = np.array([tokenizer.eos_id], dtype=np.int32)
-  pieces, total = [], 0
+  pieces, starts, ids, total = [], [], [], 0
   for j in range(len(docs)):
-    toks = tokenizer.encode_document(
-        docs[sharding.shuffled_index(j, len(docs), EVAL_SEED)])
+    index = sharding.shuffled_index(j, len(docs), EVAL_SEED)
+    toks = tokenizer.encode_document(docs[index])
     pieces += [toks, eos]
+    starts.append(total)
+    ids.append(index)
     total += len(toks) + 1
     if total >= max_tokens:
       break
-  return np.concatenate(pieces).astype(np.int32), docs, tokenizer
+  return (np.concatenate(pieces).astype(np.int32), np.asarray(starts, np.int64),
+          np.asarray(ids, np.int32), docs, tokenizer)
 
 
-def make_eval_batches(cfg: config_lib.DataConfig, *, batch_size: int,
-                      seq_len: int, num_batches: int) -> np.ndarray:
-  """Fixed eval windows, int32 [num_batches, batch_size, seq_len + 1].
+def make_eval_windows(cfg: config_lib.DataConfig, *, batch_size: int, seq_len: int,
+                      num_batches: int, split: str | None = None) -> EvalWindows:
+  """Fixed eval windows drawn across the whole split, with each window's document.
 
-  The eval documents are read in a fixed shuffled order until 4x the needed
-  tokens (or the whole split) are in hand; the windows are spread evenly over
-  that stream, so they cover many documents. Raises DataError if the split
-  cannot fill them.
+  The split's documents are concatenated (EOS after each) in a fixed shuffled order
+  (`EVAL_SEED`, independent of the run's seed): the whole split, or its first
+  `EVAL_MAX_TOKENS` tokens in that order for a very large split (C4's validation). That
+  stream is cut into `num_batches * batch_size` equal strata and one window of
+  `seq_len + 1` tokens is taken at a seeded offset inside each: the windows never
+  overlap, every part of the split is read in proportion to its tokens, and every
+  document longer than a stratum is touched. Window k goes to batch k % num_batches, so
+  every batch spans the split too. Runs of the same data, split and shapes get the same
+  windows; `docs` lets a standard error be clustered by document.
+
+  Raises:
+    DataError: the split has fewer tokens than the windows need.
   """
+  split = split or cfg.eval_split
   n, width = num_batches * batch_size, seq_len + 1
-  stream, docs, _ = _eval_tokens(cfg, _EVAL_OVERSAMPLE * n * width)
-  available = len(stream) // width
-  if available < n:
+  stream, starts, ids, docs, _ = _eval_stream(cfg, split, EVAL_MAX_TOKENS)
+  if len(stream) < n * width:
     raise errors.DataError(
         f'{docs.name} has {len(stream)} tokens, fewer than the {n * width} '
         f'needed for {num_batches} eval batches of {batch_size} x {width}; '
         'ask for fewer eval batches or use a larger eval split.')
-  windows = stream[:available * width].reshape(available, width)
-  picked = (np.arange(n, dtype=np.int64) * available) // n
-  return windows[picked].reshape(num_batches, batch_size, width)
+  # Stratum k is [floor(k s), floor((k + 1) s)) with s = len / n >= width, so each holds
+  # a window and the windows stay inside the stream.
+  stride = len(stream) / n
+  lo = np.floor(np.arange(n) * stride).astype(np.int64)
+  hi = np.floor(np.arange(1, n + 1) * stride).astype(np.int64)
+  offset = np.random.default_rng(EVAL_SEED).random(n)
+  begin = lo + np.floor(offset * (hi - lo - width + 1)).astype(np.int64)
+  windows = stream[begin[:, None] + np.arange(width)]
+  owner = ids[np.searchsorted(starts, begin + width // 2, side='right') - 1]
+  # Window k = j * num_batches + b sits in batch b, slot j.
+  tokens = windows.reshape(batch_size, num_batches, width).transpose(1, 0, 2)
+  owner = owner.reshape(batch_size, num_batches).T
+  return EvalWindows(np.ascontiguousarray(tokens), np.ascontiguousarray(owner, np.int32),
+                     documents_read=len(starts), split_documents=len(docs))
 
 
 def unigram_entropy_nats(cfg: config_lib.DataConfig) -> float:
@@ -286,7 +320,7 @@ def unigram_entropy_nats(cfg: config_lib.DataConfig) -> float:
   The loss of a model that learned token frequencies and nothing else: about
   3.3 nats for the stdlib in bytes. Reads at most 4M tokens of the split.
   """
-  stream, _, tokenizer = _eval_tokens(cfg, _ENTROPY_MAX_TOKENS)
+  stream, _, _, _, tokenizer = _eval_stream(cfg, cfg.eval_split, _ENTROPY_MAX_TOKENS)
   counts = np.bincount(stream, minlength=tokenizer.vocab_size)
   p = counts[counts > 0] / len(stream)
   return float(-(p * np.log(p)).sum())
