@@ -158,8 +158,9 @@ def _ttest(name, estimate, se, df, level, n, differences, ratio) -> TTest:
   else:  # no spread: the data pin the difference (see welch_t)
     t = math.copysign(math.inf, estimate) if estimate != 0 else math.nan
     p = 0.0 if estimate != 0 else math.nan
-    p_less = float(estimate < 0) if estimate != 0 else math.nan
-    p_greater = float(estimate > 0) if estimate != 0 else math.nan
+    # p_less = P(T <= t) = cdf(t): 0 at t = -inf, 1 at t = +inf.
+    p_less = float(estimate > 0) if estimate != 0 else math.nan
+    p_greater = float(estimate < 0) if estimate != 0 else math.nan
     ci = (estimate, estimate)
   return TTest(name, estimate, se, float(df), t, p, p_less, p_greater,
                (float(ci[0]), float(ci[1])), level, n, differences, ratio)
