@@ -21,9 +21,10 @@ Only numpy and scipy: a report or a notebook can import this without jax.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Iterable, Sequence
 import dataclasses
 import math
-from typing import Any, Callable, Hashable, Iterable, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 from scipy import optimize
@@ -291,8 +292,8 @@ def time_to_target(xs: Sequence[float], ys: Sequence[float],
   if x.shape != y.shape or x.ndim != 1:
     raise ValueError(f'xs and ys must be two lists of equal length, got {x.size} xs '
                      f'and {y.size} ys')
-  if np.any(np.diff(x) <= 0):
-    raise ValueError('xs must be strictly increasing')
+  if not np.all(np.diff(x) > 0):   # also refuses a nan x
+    raise ValueError(f'xs must be strictly increasing, got {x.tolist()}')
   keep = np.isfinite(y)
   x, y = x[keep], y[keep]
   hit = np.nonzero(y <= target)[0]

@@ -349,6 +349,7 @@ def test_time_to_target_skips_non_finite():
     ([0.0, 1.0], [3.0], 'equal length'),
     ([0.0, 1.0, 1.0], [3.0, 2.0, 1.0], 'strictly increasing'),
     ([0.0, 2.0, 1.0], [3.0, 2.0, 1.0], 'strictly increasing'),
+    ([0.0, math.nan, 1.0], [3.0, 2.0, 1.0], 'strictly increasing'),
 ])
 def test_time_to_target_bad_input(xs, ys, match):
   with pytest.raises(ValueError, match=match):
