@@ -25,6 +25,14 @@ def test_t_critical_by_hand():
   assert stats.t_critical(3) < stats.t_critical(2.5) < stats.t_critical(2)
 
 
+def test_two_standard_errors_at_three_seeds_is_not_a_95_percent_test():
+  # The old rule "|d| > 2 SE" with df = 2: P(|T| > 2) = 1 - 2 / sqrt(2 + 4) = 0.1835,
+  # an 82% test, not 95%. The review's claim 1 (t = 2.80, Welch df 2.5) has p = 0.084.
+  assert 2 * st.t.sf(2.0, 2) == pytest.approx(1 - 2 / math.sqrt(6))
+  assert 2 * st.t.sf(2.80, 2.5) == pytest.approx(0.0836, abs=1e-4)
+  assert stats.t_critical(2.5) > 2.80
+
+
 @pytest.mark.parametrize('df, level', [(0, 0.95), (-1, 0.95), (math.nan, 0.95),
                                        (2, 0.0), (2, 1.0), (2, 95)])
 def test_t_critical_bad_input(df, level):
