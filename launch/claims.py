@@ -35,9 +35,11 @@ from typing import Any, Callable, Sequence
 
 from loco import evaluate
 from loco import report
+from loco import stats
 from loco.metrics import read_metrics
 from loco.sweep import Run, SweepError, run_sweep
 from loco.workdir import read_json
+from loco.errors import LocoError
 
 BASE = 'experiments/micro.py:ddp'      # no algorithm keys set: any algorithm on top
 TUNING_SPLIT, FINAL_SPLIT = 'validation[:50%]', 'validation[50%:]'
@@ -288,7 +290,7 @@ def compare(a: Group, b: Group, margin: float = 0.0) -> tuple[float, float]:
   windows, the evaluation's own, from the paired per-batch differences."""
   var = a.std ** 2 / len(a.losses) + ((1 + margin) * b.std) ** 2 / len(b.losses)
   if a.per_batch and b.per_batch and len(a.per_batch) == len(b.per_batch) > 1:
-    var += evaluate.paired(a.per_batch, [(1 + margin) * x for x in b.per_batch])[1] ** 2
+    var += _paired(a.per_batch, [(1 + margin) * x for x in b.per_batch])[1] ** 2
   return a.mean - (1 + margin) * b.mean, 2 * math.sqrt(var)
 
 
@@ -520,7 +522,7 @@ def plot(claim: Claim, g: dict[str, Group], out: str, scale: Scale, path: str) -
 def _paired_text(a: Group, b: Group | None) -> str:
   if b is None or a is b or not a.per_batch or not b.per_batch:
     return '—'
-  d, se = evaluate.paired(a.per_batch, b.per_batch)
+  d, se = _paired(a.per_batch, b.per_batch)
   return f'{d:+.4f} ({se:.4f})'
 
 
@@ -587,12 +589,23 @@ def write_page(out: str, scale: Scale, page: str, figures: str, seconds: float) 
   return page
 
 
+def _paired(a: Sequence[float], b: Sequence[float]) -> tuple[float, float]:
+  """(mean of a - b, its SE over eval batches) of two groups' per-batch losses."""
+  m = stats.mean_ci([x - y for x, y in zip(a, b, strict=True)])
+  return m.mean, m.se
+
+
 def _seconds(clock: str, default: float) -> float:
   """The run time kept in OUT/seconds.txt (summed over the invocations that trained)."""
   if not os.path.exists(clock):
     return default
   with open(clock) as f:
-    return float(f.read())
+    text = f.read()
+  try:
+    return float(text)
+  except ValueError:
+    raise LocoError(f'{clock} is damaged ({text[:40]!r} is not a number of seconds); '
+                    'delete it to count the time from this invocation on.') from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -622,13 +635,15 @@ def main(argv: Sequence[str] | None = None) -> int:
       if code == 130:
         return code
       score_finals(args.out, scale)
-      with open(clock, 'w') as f:
-        f.write(str(_seconds(clock, 0.0) + time.time() - t0))
+      total = _seconds(clock, 0.0) + time.time() - t0   # read before the rewrite
+      with open(clock + '.tmp', 'w') as f:
+        f.write(str(total))
+      os.replace(clock + '.tmp', clock)
     seconds = _seconds(clock, math.nan)
     print(f'claims page: {write_page(args.out, scale, page, figures, seconds)}')
     return 0
-  except SweepError as e:
-    print(f'launch.claims: {e}', file=sys.stderr)
+  except (SweepError, LocoError) as e:
+    print(f'launch.claims: error: {e}', file=sys.stderr)
     return 1
 
 

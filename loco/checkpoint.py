@@ -137,18 +137,67 @@ def read_named_state(path: str, what: str = 'init_from') -> tuple[str, dict[str,
     manager.close()
 
 
+# Orbax writes this file into a step folder when it finalizes the step: a folder without
+# it (or without one of the items) is an interrupted save or an interrupted copy.
+_COMMITTED = '_CHECKPOINT_METADATA'
+INCOMPLETE = '.incomplete'
+
+
+def is_committed(step_dir: str) -> bool:
+  """Whether `checkpoints/<step>/` holds a checkpoint orbax finished writing."""
+  return (os.path.isfile(os.path.join(step_dir, _COMMITTED))
+          and all(os.path.isdir(os.path.join(step_dir, item)) for item in ITEMS))
+
+
+def committed_steps(directory: str) -> list[int]:
+  """The steps in a `checkpoints/` folder whose checkpoint is complete, ascending."""
+  try:
+    names = os.listdir(directory)
+  except FileNotFoundError:
+    return []
+  return sorted(int(n) for n in names
+                if n.isdigit() and is_committed(os.path.join(directory, n)))
+
+
+def set_aside_incomplete(directory: str) -> list[str]:
+  """Renames step folders that are not committed checkpoints to `<step>.incomplete`, so
+  that orbax neither resumes from nor overwrites them; returns the folders renamed."""
+  moved = []
+  try:
+    names = sorted(os.listdir(directory))
+  except FileNotFoundError:
+    return moved
+  for name in names:
+    path = os.path.join(directory, name)
+    if name.isdigit() and os.path.isdir(path) and not is_committed(path):
+      target, k = path + INCOMPLETE, 1
+      while os.path.exists(target):
+        target, k = f'{path}{INCOMPLETE}{k}', k + 1
+      os.rename(path, target)
+      moved.append(target)
+  return moved
+
+
 class Checkpointer:
   """An orbax CheckpointManager over (named state, data iterator state, host state)."""
 
-  def __init__(self, directory: str, keep: int = 2):
+  def __init__(self, directory: str, keep: int = 2, note=None):
+    """`note`: given in the process that owns the workdir, which sets aside step
+    folders that are not complete checkpoints and says so through it."""
     self.directory = os.path.abspath(directory)
+    for moved in set_aside_incomplete(self.directory) if note else ():
+      note(f'{moved.rsplit(INCOMPLETE, 1)[0]} is not a complete checkpoint (no '
+           f'{_COMMITTED} or items: an interrupted save or copy); set aside as {moved}.')
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=True)
     self._manager = ocp.CheckpointManager(self.directory, options=options,
                                           item_names=ITEMS)
 
   def latest_step(self) -> int | None:
-    return self._manager.latest_step()
+    """The newest committed step on disk. Not orbax's cached listing: that trusts any
+    integer folder, and after a failed save it can miss the step still on disk."""
+    steps = committed_steps(self.directory)
+    return steps[-1] if steps else None
 
   def save(self, step: int, state: PyTree, data_state: dict, host_state: dict) -> None:
     """Starts saving checkpoint `step`; returns once the arrays are off the devices.

@@ -37,7 +37,7 @@ from loco.errors import ConfigError
 # (train.RunConfig), seq_len <= model.max_seq_len, topk <= chunk_size (loco.compress),
 # slow_workers <= num_workers (loco.network).
 CONSTRAINTS = {
-    'seed': '>= 0',
+    'seed': 'in [0, 2**32)',
     'num_workers': '>= 1',
     'steps': '>= 1',
     'batch_per_worker': '>= 1',
@@ -64,7 +64,7 @@ CONSTRAINTS = {
     'algorithm.outer_lr': 'positive',
     'algorithm.outer_momentum': 'in [0, 1)',
     'algorithm.gossip_step': 'in (0, 1]',
-    'algorithm.seed': '>= 0',
+    'algorithm.seed': 'in [0, 2**32)',
     'algorithm.error_decay': 'in [0, 1]',
     'algorithm.topk': '>= 1',
     'algorithm.chunk_size': '>= 1',
@@ -87,7 +87,7 @@ CONSTRAINTS = {
     'network.straggler_fraction': 'in [0, 1]',
     'network.straggler_factor': 'positive',
     'network.dropout': 'in [0, 1)',
-    'network.seed': '>= 0',
+    'network.seed': 'in [0, 2**32)',
     'eval.batches': '>= 1',
     'eval.batch_size': '>= 1',
     'checkpoint.keep': '>= 1',
@@ -102,6 +102,7 @@ _RULES = {
     'in [0, 1]': lambda x: 0 <= x <= 1,
     'in [0, 1)': lambda x: 0 <= x < 1,
     'in (0, 1]': lambda x: 0 < x <= 1,
+    'in [0, 2**32)': lambda x: 0 <= x < 2**32,   # seeds: JAX keys take 32 bits
 }
 
 _KINDS = {int: 'an integer', float: 'a number', bool: 'true or false', str: 'a string',

@@ -55,6 +55,9 @@ def main(argv):
     _initialize_distributed()
   from loco import train
   train.enable_compilation_cache()
+  if _WORKDIR.value is not None and not _WORKDIR.value.strip():
+    _exit('loco: error: --workdir is empty; name a directory, or leave the flag out for '
+          f'runs/{_config_name()}.', 2)
   workdir = _WORKDIR.value or f'runs/{_config_name()}'
   # SIGTERM (a scheduler, loco.sweep stopping) stops the run like Ctrl-C. The flag
   # stops the loop at the next chunk even where a library swallows the KeyboardInterrupt.
@@ -119,7 +122,13 @@ def _initialize_distributed() -> None:
   import jax
   given = dict(coordinator_address=_COORDINATOR.value, num_processes=_NUM_PROCESSES.value,
                process_id=_PROCESS_ID.value)
-  jax.distributed.initialize(**{k: v for k, v in given.items() if v is not None})
+  try:
+    jax.distributed.initialize(**{k: v for k, v in given.items() if v is not None})
+  except Exception as e:  # jax raises ValueError / RuntimeError / XlaRuntimeError
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    _exit(f'loco: error: --distributed: jax.distributed.initialize() failed ({first}); '
+          'outside a TPU VM or a SLURM job give --coordinator_address, --num_processes '
+          'and --process_id (launch/MULTIHOST.md).', 1)
   print(f'loco: process {jax.process_index()} of {jax.process_count()}, '
         f'{jax.local_device_count()} local of {jax.device_count()} devices.', flush=True)
 

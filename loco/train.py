@@ -119,8 +119,14 @@ def parse_config(config: ml_collections.ConfigDict) -> Experiment:
   data = data_lib.DataConfig(**c.data)
   model_overrides = _set(c.model)
   preset = model_overrides.pop('preset')
+  tokenizer_vocab = data_lib.make_tokenizer(data).vocab_size
   if 'vocab_size' not in model_overrides:
-    model_overrides['vocab_size'] = data_lib.make_tokenizer(data).vocab_size
+    model_overrides['vocab_size'] = tokenizer_vocab
+  elif model_overrides['vocab_size'] < tokenizer_vocab:
+    # Token ids past the embedding table would be clipped silently by the gather.
+    raise ConfigError(f'model.vocab_size={model_overrides["vocab_size"]} is below the '
+                      f'tokenizer\'s {tokenizer_vocab} tokens; leave it unset (the '
+                      'tokenizer\'s size) or make it at least that.')
   model = model_lib.model_config(preset, **model_overrides)
   if run.seq_len > model.max_seq_len:
     raise ConfigError(f'seq_len={run.seq_len} is above the model\'s max_seq_len='
@@ -384,7 +390,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   with workdir_lib.Workdir(workdir, lock=is_main) as wd:
     checkpointer = None
     try:
-      checkpointer = Checkpointer(wd.file('checkpoints'), r.checkpoint_keep)
+      checkpointer = Checkpointer(wd.file('checkpoints'), r.checkpoint_keep,
+                                  note=_note if is_main else None)
       return _train(wd, config, exp, algorithm, mesh, checkpointer, is_main, clock)
     except OSError as e:
       raise WorkdirError(f'{_os_error(e)}; {_kept(checkpointer, wd.path)}: fix it and '

@@ -21,6 +21,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from loco import algorithms
+from loco import checkpoint as checkpoint_lib
 from loco import metrics
 from loco import report
 from loco import train
@@ -213,6 +214,44 @@ def test_rerunning_a_finished_workdir_prints_its_summary(tmp_path, small_corpus_
   assert 'steps: 10' in summary[1] and summary == again.stdout.splitlines()
 
 
+def test_an_incomplete_step_folder_is_not_a_finished_run(nano_config, tmp_path, capsys):
+  """An empty checkpoints/20/ (an interrupted copy) once made a run trained to step 10
+  read as finished at 20; now it is set aside with a note and the run trains on."""
+  workdir = str(tmp_path / 'run')
+  nano_config.steps = 10
+  train.run(nano_config, workdir)
+  os.makedirs(os.path.join(workdir, 'checkpoints', '20'))
+  nano_config.steps = 20
+  record = train.run(nano_config, workdir)
+  assert record['step'] == 20 and read_metrics(workdir)[-1]['step'] == 20
+  assert checkpoint_lib.committed_steps(os.path.join(workdir, 'checkpoints')) == [10, 20]
+  assert os.path.isdir(os.path.join(workdir, 'checkpoints', '20.incomplete'))
+  err = capsys.readouterr().err
+  assert 'checkpoints/20 is not a complete checkpoint' in err and 'finished before' not in err
+
+
+def test_a_vocab_below_the_tokenizers_is_a_config_error_not_a_divergence(nano_config,
+                                                                          tmp_path):
+  nano_config.model.vocab_size = 10
+  with pytest.raises(ConfigError, match=r'model.vocab_size=10 is below the tokenizer'):
+    train.run(nano_config, str(tmp_path / 'run'))
+  assert not os.path.exists(tmp_path / 'run')
+
+
+@pytest.mark.parametrize('args,line', [
+    (['--workdir='], 'loco: error: --workdir is empty'),
+    (['--distributed'], 'loco: error: --distributed: jax.distributed.initialize() failed'),
+    (['--config.seed=9223372036854775808'], 'loco: error: seed must be in [0, 2**32)'),
+])
+def test_bad_flags_are_one_line(tmp_path, small_corpus_glob, data_dir, args, line):
+  config = _nano_file(tmp_path, small_corpus_glob, data_dir, steps=10)
+  out = _cli(f'--config={config}', *args)
+  assert out.returncode in (1, 2), out.stderr[-2000:]
+  lines = [x for x in out.stderr.splitlines() if x.strip()]
+  assert len(lines) == 1 and lines[0].startswith(line), lines
+  assert not os.path.exists(os.path.join(REPO, 'runs', 'nano10'))
+
+
 # OS errors.
 
 def test_a_workdir_that_is_a_file_is_one_error(nano_config, tmp_path):
@@ -241,19 +280,20 @@ def test_a_read_only_file_system_is_one_error(nano_config, tmp_path):
       train.run(nano_config, os.path.join(ro, 'run'))
 
 
+@pytest.mark.parametrize('size,keep', [('3M', 1000), ('600k', 1)])
 def test_a_full_disk_stops_with_one_line_and_keeps_the_checkpoint(tmp_path,
                                                                   small_corpus_glob,
-                                                                  data_dir):
-  # Room for a few checkpoints (every 5 steps, all kept), not for all of them.
+                                                                  data_dir, size, keep):
+  """Room for a few checkpoints (every 5 steps), not for all of them. With keep=1 the
+  message once said no checkpoint was written while one was committed on disk."""
   config = _nano_file(tmp_path, small_corpus_glob, data_dir, steps=2000)
-  with _tmpfs(tmp_path / 'small', '3M') as small:
+  with _tmpfs(tmp_path / 'small', size) as small:
     workdir = os.path.join(small, 'run')
     out = _cli(f'--config={config}', f'--workdir={workdir}', '--config.checkpoint.every=5',
-               '--config.checkpoint.keep=1000', '--config.eval.every=0')
+               f'--config.checkpoint.keep={keep}', '--config.eval.every=0')
     assert out.returncode == 1, out.stderr[-3000:]
-    # Committed checkpoints are folders named by their step (orbax's tmp ones are not).
-    step = max((int(d) for d in os.listdir(os.path.join(workdir, 'checkpoints'))
-                if d.isdigit()), default=None)
+    step = max(checkpoint_lib.committed_steps(os.path.join(workdir, 'checkpoints')),
+               default=None)
     assert step and step < 2000
     assert 'Traceback' not in out.stderr, out.stderr[-3000:]
     lines = [line for line in out.stderr.splitlines() if line.strip()]

@@ -227,6 +227,11 @@ def test_warm_start_errors_are_one_line_and_leave_no_workdir(nano_config, tmp_pa
   with pytest.raises(CheckpointError, match='init_from: .*missing does not exist'):
     train.run(nano_config, str(tmp_path / 'run'))
   assert not os.path.exists(tmp_path / 'run')
+  (tmp_path / 'a_file').write_text('x')
+  nano_config.init_from = str(tmp_path / 'a_file')
+  with pytest.raises(CheckpointError, match='init_from: .*a_file is a file, not a run'):
+    train.run(nano_config, str(tmp_path / 'run'))
+  assert not os.path.exists(tmp_path / 'run')
   nano_config.init_from, nano_config.model.d_model = source, 64
   with pytest.raises(ConfigError, match=r'init_from: params.* the models differ'):
     train.run(nano_config, str(tmp_path / 'run'))
