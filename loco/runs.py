@@ -137,7 +137,7 @@ def read_config(workdir: str) -> dict[str, Any] | None:
          f"config.seed is {config.get('seed')!r}, not a whole number")
   for key in ('algorithm', 'network'):
     _check(path, config.get(key) is None or isinstance(config[key], dict),
-           f'config.{key} is {type(config[key]).__name__}, not an object')
+           f'config.{key} is {type(config.get(key)).__name__}, not an object')
   _check(path, stored.get('model') is None or isinstance(stored['model'], dict),
          "'model' is not an object")
   return stored
@@ -179,6 +179,21 @@ def read_diverged(workdir: str) -> dict[str, Any] | None:
          'whole number')
   _check(path, isinstance(diverged.get('message', ''), str), 'message is not text')
   return diverged
+
+
+def read_sweep(sweep_dir: str) -> dict[str, Any] | None:
+  """sweep.json (loco.sweep): {'runs': [{'name', 'command', ...}], 'retimes': {...}};
+  None if `sweep_dir` is not a sweep directory."""
+  path = os.path.join(sweep_dir, SWEEP)
+  sweep = read_json_object(path)
+  if sweep is None:
+    return None
+  entries = sweep.get('runs', [])
+  _check(path, isinstance(entries, list) and all(
+      isinstance(r, dict) and isinstance(r.get('name'), str) for r in entries),
+         "runs is not a list of {'name': ...} objects")
+  _check(path, isinstance(sweep.get('retimes', {}), dict), 'retimes is not an object')
+  return sweep
 
 
 def read_error_line(workdir: str) -> str | None:
@@ -368,7 +383,7 @@ def _check_covers(path: str, records: Mapping[int, Mapping[str, Any]],
     if not math.isclose(total, want, rel_tol=_BYTES_RTOL, abs_tol=1e-3):
       raise RunFileError(
           f'{path} does not cover the run: up to step {row["step"]} it records '
-          f'{total:,.0f} bytes sent per worker, {METRICS} {want:,.0f} (its last record '
+          f'{total:,.0f} bytes sent per worker and {METRICS} {want:,.0f} (its last record '
           f'before that is step {logged}); lines are missing, so the run cannot be '
           'replayed from it.')
 
