@@ -103,8 +103,10 @@ def retime(workdir: str, overrides: Mapping[str, Any], name: str | None = None) 
     check_name(name)
   cfg = network_lib.parse_network(section)
   out = os.path.join(workdir, RETIMED, name or cfg.profile)
-  if os.path.exists(out) and not os.path.isdir(out):
-    raise WorkdirError(f'{out} is a file, not a directory; pick another --name.')
+  for path in (os.path.dirname(out), out):     # checked before any work is done
+    if os.path.exists(path) and not os.path.isdir(path):
+      raise WorkdirError(f'{path} is a file, not a directory: the re-timing cannot be '
+                         'written there.')
   if not os.path.isfile(os.path.join(workdir, runs.COMMS)):
     raise WorkdirError(f'{workdir} has no {runs.COMMS} (runs trained before the '
                        'communication log cannot be re-timed).')

@@ -186,8 +186,8 @@ def check_runs(runs: Sequence[Run]) -> None:
     if not isinstance(run, Run):
       raise SweepError(f'get_sweep() must return loco.sweep.Run objects, got {_short(run)}.')
     if not isinstance(run.name, str):
-      raise SweepError(f'run name {_short(run.name)} is a {type(run.name).__name__}; it '
-                       'must be a string (its workdir under --out).')
+      raise SweepError(f'run name {_short(run.name)} must be a string (its workdir under '
+                       f'--out), not {type(run.name).__name__}.')
     parts = run.name.split('/')
     if not _NAME.match(run.name) or any(p in ('.', '..') for p in parts):
       raise SweepError(f'run name {run.name!r} must be letters, digits and _.,=+- '
