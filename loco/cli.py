@@ -5,7 +5,7 @@ work and returns an exit code. What a user can cause ends in one line on stderr:
 
   PROG: error: MESSAGE      exit 1 (a LocoError, an OSError such as a read-only or full
                             disk, a file where a directory is expected)
-  PROG: error: MESSAGE      exit 2 (bad arguments, from `Parser`)
+  PROG: error: MESSAGE      exit 2 (bad arguments, from `Parser`, or a UsageError)
   PROG: stopped: ...        exit 130 (Ctrl-C, SIGTERM)
 
 A bug (any other exception) still shows its traceback: it is not the user's to fix.
@@ -74,7 +74,7 @@ def run(prog: str, body: Callable[[], int | None]) -> int:
     return 130
   except LocoError as e:
     print(f'{prog}: error: {e}', file=sys.stderr)
-    return 1
+    return getattr(e, 'exit_code', 1)
   except OSError as e:
     print(f'{prog}: error: {describe_os_error(e)}', file=sys.stderr)
     return 1

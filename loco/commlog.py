@@ -21,9 +21,10 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from loco import network as network_lib
+from loco import runs
 from loco.metrics import append_jsonl, write_jsonl
 
-FILE = 'comms.jsonl'
+FILE = runs.COMMS    # kept for callers of loco.commlog.FILE
 
 
 def _row(step: int, wire: network_lib.StepWire) -> dict | None:
@@ -86,14 +87,13 @@ def _lines(path: str) -> Iterator[dict]:
         return
 
 
-def read(workdir: str) -> tuple[int, dict[int, network_lib.StepWire]]:
-  """(M, {step: StepWire}) of a workdir's comms.jsonl."""
-  path = os.path.join(workdir, FILE)
-  lines = list(_lines(path))
-  if not lines or 'workers' not in lines[0]:
-    raise ValueError(f'{path} is not a loco communication log.')
-  m = int(lines[0]['workers'])
-  return m, {line['step']: _wire(line, m) for line in lines[1:]}
+def read(workdir: str, steps=None) -> tuple[int, dict[int, network_lib.StepWire]]:
+  """(M, {step: StepWire}) of a workdir's comms.jsonl, checked by `runs.read_comms`
+  (a damaged log, or one that does not cover the metrics rows `steps`, is a
+  RunFileError: a replay of part of a log would be silently too fast)."""
+  log = runs.read_comms(workdir, steps)
+  return log.num_workers, {step: _wire(row, log.num_workers)
+                           for step, row in log.records.items()}
 
 
 def replay(net: network_lib.Network, log: dict[int, network_lib.StepWire],

@@ -25,5 +25,15 @@ class WorkdirError(LocoError):
   """The workdir cannot be used: busy, unwritable, or holding an incompatible run."""
 
 
+class UsageError(LocoError):
+  """A command line or sweep spec a command cannot use; its boundary exits with 2."""
+  exit_code = 2
+
+
+class RunFileError(LocoError):
+  """A file of a run directory is damaged (not JSON, a bad row, cut short): one sentence
+  naming the file and, where it has lines, the line."""
+
+
 class Interrupted(LocoError):
   """The run was stopped by Ctrl-C or SIGTERM; the same command resumes it."""

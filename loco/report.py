@@ -2,21 +2,27 @@
 
   python -m loco.report runs/sweeps/main [more sweeps or workdirs] [--out=DIR] [--target=LOSS]
 
-Every directory under the paths with a config.json or a status.json is a run. The
-table has each run's status (finished, incomplete, failed, diverged), final and best
-eval loss, tokens, bytes sent per worker, peak bytes, simulated and wall seconds, and
-the first step / tokens / bytes / simulated seconds at which its eval loss reached the
-target (by default the largest final eval loss among finished runs, so every finished
-run reaches it). Finished runs whose configs differ only in `seed` are also summarised
-as mean ± standard deviation over their seeds. It is printed, and written with the plots to OUT/report.md. Runs
-re-timed on other networks (`loco.retime`: WORKDIR/retimed/NAME) add a table of the
-simulated seconds to the target per run x network and one plot panel per network. A torn
-or corrupted line of a run's metrics.jsonl (a crash mid-write) is left out and listed
-with the problems; paths that hold no run are an error (exit code 1), and nothing is
-written.
+Every directory under the paths with a config.json or a status.json is a run, read
+through `loco.runs`. The table has each run's status (finished, diverged, failed,
+interrupted, running, incomplete, from its structured files; unreadable when a file is
+damaged), final and best eval loss, tokens, bytes sent and bytes received per worker,
+peak bytes sent in one step, simulated and wall seconds, and the first step / tokens /
+bytes sent / simulated seconds at which its eval loss reached the target (by default
+the largest final eval loss among finished runs, so every finished run reaches it).
+Finished runs whose configs differ only in `seed` are also summarised as mean ±
+standard deviation over their seeds. It is printed, and written with the plots to
+OUT/report.md. Runs re-timed on other networks (`loco.retime`: WORKDIR/retimed/NAME)
+add a table of the simulated seconds to the target per run x network and one plot
+panel per network.
+
+Damaged input: a torn last line of a run's metrics.jsonl (a crash mid-write) is left
+out and listed with the problems; a run with any other damaged file (config.json,
+metrics.jsonl, status.json, diverged.json) is listed as unreadable with the sentence
+naming the file, and warned about on stderr. Paths that hold no run, an --out that is
+a file or cannot be written, or a damaged sweep.json end in one `loco.report: error:`
+line (exit code 1; 2 for bad arguments), and nothing is written.
 """
 
-import argparse
 import collections
 import json
 import math
@@ -26,16 +32,15 @@ import re
 import sys
 from typing import Any, Sequence
 
-from loco.metrics import read_metrics_checked
-from loco.workdir import DIVERGED, read_json
+from loco import cli
+from loco import runs
+from loco.errors import LocoError, RunFileError, UsageError
+# The run directory's names live in loco.runs; these aliases keep older imports working.
+from loco.runs import LOG, RETIMED, STATUS, SWEEP, read_status  # noqa: F401
 
-# A run's files that loco.sweep writes (read here and by loco.sweep).
-STATUS = 'status.json'
-LOG = 'log.txt'
-SWEEP = 'sweep.json'
-RETIMED = 'retimed'    # WORKDIR/retimed/NAME: the run re-timed on another network (loco.retime)
+PROG = 'loco.report'
 AS_TRAINED = 'as trained'
-_DIVERGED = re.compile(r'training loss became|became non-finite|model exploded')
+UNREADABLE = 'unreadable'    # the status of a run whose files are damaged
 
 # (metrics key, file name, axis label) of each plot.
 PLOTS = (('step', 'eval_loss_vs_steps.png', 'inner steps per worker'),
@@ -45,30 +50,17 @@ PLOTS = (('step', 'eval_loss_vs_steps.png', 'inner steps per worker'),
 NETWORKS_PNG = 'eval_loss_vs_sim_seconds_by_network.png'
 
 
-class ReportError(Exception):
+class ReportError(LocoError):
   """Nothing to report (no runs under the paths); printed as one line."""
 
 
-def read_status(workdir: str) -> dict[str, Any] | None:
-  """A run's status.json, or None if it has none (or it cannot be read)."""
-  return read_json(os.path.join(workdir, STATUS))
-
-
 def error_line(log_path: str) -> str | None:
-  """The last `loco: error:` line of the latest attempt in a log, else its last line."""
-  try:
-    with open(log_path, errors='replace') as f:
-      lines = [line.rstrip() for line in f]
-  except OSError:
-    return None
-  starts = [i for i, line in enumerate(lines) if line.startswith('==> loco.sweep')]
-  lines = [line for line in lines[starts[-1] + 1 if starts else 0:] if line.strip()]
-  candidates = [line for line in lines if line.startswith('loco: error:')] or lines
-  return candidates[-1].strip() if candidates else None
+  """The last `loco: error:` line of the latest attempt in a run's log.txt."""
+  return runs.read_error_line(os.path.dirname(log_path))
 
 
 def is_workdir(path: str) -> bool:
-  return any(os.path.isfile(os.path.join(path, f)) for f in ('config.json', STATUS))
+  return runs.is_run(path)
 
 
 def find_workdirs(path: str) -> list[str]:
@@ -86,7 +78,7 @@ def find_workdirs(path: str) -> list[str]:
 
 
 def _finite(x) -> bool:
-  return isinstance(x, (int, float)) and math.isfinite(x)
+  return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _names(workdirs: Sequence[str]) -> list[str]:
@@ -100,41 +92,39 @@ def _names(workdirs: Sequence[str]) -> list[str]:
   return [os.path.relpath(w, parent) for w in absolute]
 
 
+_EMPTY = dict(seed=None, setting=None, algorithm=None, command=None, step=None,
+              steps=None, final_eval_loss=None, best_eval_loss=None, tokens=None,
+              bytes_sent=None, bytes_received=None, peak_bytes=None, sim_seconds=None,
+              wall_seconds=None, metrics_problem=None, _evals=[])
+
+
 def _run(workdir: str, name: str) -> dict[str, Any]:
-  """One run's row, without the time-to-target fields."""
-  config = (read_json(os.path.join(workdir, 'config.json')) or {}).get('config', {})
-  status = read_status(workdir) or {}
-  records, problem = _metrics(workdir)
-  evals = [r for r in records if 'eval_loss' in r]
-  last = records[-1] if records else {}
-  state = status.get('state')
-  error = status.get('error') or (None if state else error_line(os.path.join(workdir, LOG)))
-  nonfinite = any(not _finite(r.get(k)) for r in records for k in ('train_loss', 'eval_loss')
-                  if k in r)
-  diverged = read_json(os.path.join(workdir, DIVERGED))    # written by loco.train
-  error = (diverged or {}).get('message') or error
-  steps = config.get('steps')
-  if diverged or nonfinite or (error and _DIVERGED.search(error) and state != 'finished'):
-    result = 'diverged'
-  elif state == 'finished' or (state is None and steps and last.get('step', 0) >= steps):
-    result = 'finished'
-  elif state == 'failed' or (state is None and error and error.startswith('loco: error')):
-    result = 'failed'
-  else:
-    result = 'incomplete'
+  """One run's row, without the time-to-target fields; a run with a damaged file is
+  status 'unreadable', its error the sentence naming the file."""
+  try:
+    run = runs.read_run(workdir)
+  except RunFileError as e:
+    return dict(_EMPTY, name=name, workdir=workdir, status=UNREADABLE, state=UNREADABLE,
+                error=str(e))
+  config, last, sweep = run.config, run.last, run.sweep_status or {}
+  evals = [r for r in run.metrics if 'eval_loss' in r]
   finite_evals = [r['eval_loss'] for r in evals if _finite(r['eval_loss'])]
   setting = _set_keys({k: v for k, v in config.items() if k not in ('seed', 'progress')})
   return dict(
       name=name, workdir=workdir, seed=config.get('seed'),
       setting=json.dumps(setting, sort_keys=True, default=str),
-      algorithm=config.get('algorithm', {}).get('name'),
-      status=result, error=error if result != 'finished' else None,
-      command=status.get('command'), step=last.get('step'), steps=steps,
+      algorithm=(config.get('algorithm') or {}).get('name'),
+      # `status` keeps the four values that callers (launch/claims.py) compare against;
+      # `state` is the run's own (interrupted and running are incomplete there).
+      status='incomplete' if run.status in ('interrupted', 'running') else run.status,
+      state=run.status, error=run.error,
+      command=sweep.get('command'), step=last.get('step'), steps=config.get('steps'),
       final_eval_loss=evals[-1]['eval_loss'] if evals else None,
       best_eval_loss=min(finite_evals, default=None),
       tokens=last.get('tokens'), bytes_sent=last.get('bytes_sent'),
+      bytes_received=last.get('bytes_received'),
       peak_bytes=last.get('peak_bytes'), sim_seconds=last.get('sim_seconds'),
-      wall_seconds=status.get('seconds'), metrics_problem=problem,
+      wall_seconds=sweep.get('seconds'), metrics_problem=run.metrics_note,
       _evals=evals)
 
 
@@ -146,14 +136,12 @@ def _set_keys(d):
   return d
 
 
-def _metrics(workdir: str) -> tuple[list[dict[str, Any]], str | None]:
-  """(good records, problem): a torn or corrupted line is left out and named."""
+def _metrics(workdir: str) -> list[dict[str, Any]]:
+  """The rows of a run's metrics.jsonl; [] if it is damaged (the table says so)."""
   try:
-    return read_metrics_checked(workdir)
-  except FileNotFoundError:
-    return [], None
-  except OSError as e:
-    return [], f'metrics.jsonl cannot be read ({e.strerror or e})'
+    return runs.read_metrics(workdir).rows
+  except RunFileError:
+    return []
 
 
 def default_target(rows: Sequence[dict[str, Any]]) -> float | None:
@@ -173,11 +161,15 @@ def summarize(workdirs: Sequence[str], target: float | None = None,
 
   Returns:
     Dicts with keys name, workdir, seed, setting (the config without its seed, as
-    JSON), algorithm, status (finished | incomplete | failed |
-    diverged), error, command, step (last logged), steps (configured),
-    final_eval_loss, best_eval_loss, tokens, bytes_sent, peak_bytes, sim_seconds,
-    wall_seconds (None if unknown), metrics_problem (a torn or unreadable line of
-    metrics.jsonl, left out; None if none), target (the loss used), and target_step,
+    JSON), algorithm, status (finished | incomplete | failed | diverged |
+    unreadable), state (the run's own status, `loco.runs.Run.status`: incomplete
+    is split into interrupted, running and incomplete; or unreadable), error (why it
+    did not finish; for an unreadable run the sentence naming the damaged file),
+    command, step (last logged), steps (configured), final_eval_loss, best_eval_loss,
+    tokens, bytes_sent, bytes_received (per worker, cumulative), peak_bytes (the most
+    bytes one worker sent in one step), sim_seconds, wall_seconds (None if unknown),
+    metrics_problem (a torn last line of metrics.jsonl, left out; None if none),
+    target (the loss used), and target_step,
     target_tokens, target_bytes, target_sim_seconds: the values at the first eval
     with eval_loss <= target (None if never reached).
   """
@@ -246,7 +238,7 @@ def plot_runs(workdirs: Sequence[str], out_dir: str, labels: Sequence[str] | Non
 
 def _eval_series(pairs) -> list[tuple[str, list[dict[str, Any]]]]:
   """(label, its finite eval records) of every (label, workdir) that has some."""
-  series = [(label, [r for r in _metrics(w)[0] if _finite(r.get('eval_loss'))])
+  series = [(label, [r for r in _metrics(w) if _finite(r.get('eval_loss'))])
             for label, w in pairs]
   return [(label, evals) for label, evals in series if evals]
 
@@ -259,7 +251,7 @@ def networks(rows: Sequence[dict[str, Any]], order: Sequence[str] = ()
   for r in rows:
     root = os.path.join(r['workdir'], RETIMED)
     for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
-      if os.path.isfile(os.path.join(root, name, 'metrics.jsonl')):
+      if os.path.isfile(os.path.join(root, name, runs.METRICS)):
         found.setdefault(name, []).append((r['name'], os.path.join(root, name)))
   if not found:
     return {}
@@ -359,17 +351,18 @@ def _seconds(x):
 COLUMNS = (
     ('run', lambda r: r['name']),
     ('algorithm', lambda r: r['algorithm'] or '—'),
-    ('status', lambda r: r['status']),
+    ('status', lambda r: r['state']),
     ('final eval', lambda r: _loss(r['final_eval_loss'])),
     ('best eval', lambda r: _loss(r['best_eval_loss'])),
     ('tokens', lambda r: _int(r['tokens'])),
     ('bytes sent / worker', lambda r: _bytes(r['bytes_sent'])),
-    ('peak bytes / step', lambda r: _bytes(r['peak_bytes'])),
+    ('bytes received / worker', lambda r: _bytes(r['bytes_received'])),
+    ('peak bytes sent / step', lambda r: _bytes(r['peak_bytes'])),
     ('sim s', lambda r: _seconds(r['sim_seconds'])),
     ('wall s', lambda r: _int(r['wall_seconds'])),
     ('target: step', lambda r: _int(r['target_step'])),
     ('target: tokens', lambda r: _int(r['target_tokens'])),
-    ('target: bytes', lambda r: _bytes(r['target_bytes'])),
+    ('target: bytes sent', lambda r: _bytes(r['target_bytes'])),
     ('target: sim s', lambda r: _seconds(r['target_sim_seconds'])),
 )
 
@@ -377,7 +370,8 @@ COLUMNS = (
 def seed_groups(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
   """Finished runs whose configs differ only in `seed`, in groups of two or more: name
   (the first run's, with its seed part removed), n, seeds, and the mean and sample
-  standard deviation of the final and best eval loss; bytes sent per worker (mean)."""
+  standard deviation of the final and best eval loss; bytes sent and received per
+  worker (means)."""
   groups: dict[str, list[dict[str, Any]]] = {}
   for r in rows:
     if r['status'] == 'finished' and _finite(r['final_eval_loss']) and r.get('setting'):
@@ -392,16 +386,19 @@ def seed_groups(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     out.append(dict(name=name, n=len(members), seeds=sorted(m['seed'] for m in members),
                     final_mean=statistics.mean(final), final_std=statistics.stdev(final),
                     best_mean=statistics.mean(best), best_std=statistics.stdev(best),
-                    bytes_sent=statistics.mean(m['bytes_sent'] or 0.0 for m in members)))
+                    bytes_sent=statistics.mean(m['bytes_sent'] or 0.0 for m in members),
+                    bytes_received=statistics.mean(m['bytes_received'] or 0.0
+                                                   for m in members)))
   return out
 
 
 def seed_table(groups: Sequence[dict[str, Any]]) -> str:
-  lines = ['| runs | n | seeds | final eval loss | best eval loss | bytes / worker |',
-           '|---|---|---|---|---|---|']
+  lines = ['| runs | n | seeds | final eval loss | best eval loss | bytes sent / worker | '
+           'bytes received / worker |', '|---|---|---|---|---|---|---|']
   lines += [f'| {g["name"]} | {g["n"]} | {", ".join(map(str, g["seeds"]))} | '
             f'{g["final_mean"]:.4f} ± {g["final_std"]:.4f} | '
-            f'{g["best_mean"]:.4f} ± {g["best_std"]:.4f} | {_bytes(g["bytes_sent"])} |'
+            f'{g["best_mean"]:.4f} ± {g["best_std"]:.4f} | {_bytes(g["bytes_sent"])} | '
+            f'{_bytes(g.get("bytes_received"))} |'
             for g in groups]
   return '\n'.join(lines)
 
@@ -436,62 +433,76 @@ def _problems(rows) -> list[str]:
   out = []
   for r in rows:
     notes = [r['metrics_problem']] if r.get('metrics_problem') else []
-    if r['status'] != 'finished':
+    if r['state'] != 'finished':
       notes.insert(0, r['error'] or 'interrupted or still running; the same command resumes it')
     if notes:
-      out.append(f'`{r["name"]}` ({r["status"]}): {"; ".join(notes)}')
+      out.append(f'`{r["name"]}` ({r["state"]}): {"; ".join(notes)}')
   return out
 
 
-def _collect(paths: Sequence[str]) -> tuple[list[str], list[str], list[dict]]:
-  """(workdirs, names, missing): runs of every path; sweep runs never started."""
-  workdirs, names, missing = [], [], []
+def _collect(paths: Sequence[str]) -> tuple[list[str], list[str], list[dict], list[str]]:
+  """(workdirs, names, missing, retimes): runs of every path; sweep runs never started;
+  the sweeps' re-timing names in their order."""
+  workdirs, names, missing, retimes = [], [], [], []
   for path in paths:
     if not os.path.isdir(path):
-      raise FileNotFoundError(f'{path} is not a directory.')
+      raise UsageError(f'{path} is not a directory.')
     if is_workdir(path):
       workdirs.append(path)
       names.append(os.path.basename(os.path.abspath(path)))
       continue
     prefix = os.path.basename(os.path.abspath(path)) + '/' if len(paths) > 1 else ''
-    runs = (read_json(os.path.join(path, SWEEP)) or {}).get('runs', [])
-    rank = {r['name']: i for i, r in enumerate(runs)}
+    sweep = runs.read_sweep(path) or {}
+    planned = sweep.get('runs', [])
+    retimes += list(sweep.get('retimes', {}))
+    rank = {r['name']: i for i, r in enumerate(planned)}
     present = sorted((os.path.relpath(w, path) for w in find_workdirs(path)),
                      key=lambda n: (rank.get(n, len(rank)), n))   # sweep order, then by name
     workdirs += [os.path.join(path, n) for n in present]
     names += [prefix + n for n in present]
     missing += [dict(name=prefix + r['name'], command=r.get('command'))
-                for r in runs if r['name'] not in present]
-  return workdirs, names, missing
+                for r in planned if r['name'] not in present]
+  return workdirs, names, missing, retimes
 
 
 def write_report(paths: Sequence[str], out: str | None = None,
                  target: float | None = None, stream=None) -> str:
   """Summarizes and plots the runs under `paths`; writes OUT/report.md; returns its path.
 
+  A run whose files are damaged is listed as unreadable, with the sentence naming the
+  file, in the table and the problems, and warned about on stderr: the report of
+  the other runs is still worth having, and no damaged run is silently left out.
+
   Raises:
-    FileNotFoundError: a path is not a directory.
+    UsageError: a path is not a directory.
     ReportError: there is no run under the paths (nothing is written).
+    LocoError: `out` is a file or cannot be written (checked before any work), or a
+      sweep.json is damaged (RunFileError).
   """
   stream = stream or sys.stdout
-  workdirs, names, missing = _collect(paths)
+  workdirs, names, missing, order = _collect(paths)
   if not workdirs and not missing:
     raise ReportError(f'no runs found under {", ".join(paths)} (a run is a directory '
                       'with a config.json or a status.json).')
   if out is None:
     out = paths[0] if not is_workdir(paths[0]) else 'report'
+  cli.check_output_dir(out)
   rows = summarize(workdirs, target, names)
+  for r in rows:
+    if r['state'] == UNREADABLE:
+      print(f'{PROG}: warning: {r["error"]} The run is listed as unreadable.',
+            file=sys.stderr)
   target_used = rows[0]['target'] if rows else target
   pngs = plot_runs(workdirs, out, names, target_used)
-  counts = collections.Counter([r['status'] for r in rows] + ['not started'] * len(missing))
+  counts = collections.Counter([r['state'] for r in rows] + ['not started'] * len(missing))
   count_line = f'{len(rows) + len(missing)} runs: ' + ', '.join(
       f'{n} {s}' for s, n in sorted(counts.items()))
   problems = _problems(rows) + [f'`{m["name"]}` (not started)' for m in missing]
-  order = [n for p in paths for n in (read_json(os.path.join(p, SWEEP)) or {}).get('retimes', {})]
   by_network = networks(rows, order)
   lines = [f'# Report: {", ".join(paths)}', '', count_line + '.', '',
            _target_line(rows, target is not None), '', markdown_table(rows), '',
-           'Bytes are per worker (cumulative); "sim s" is the simulated wall-clock on the '
+           'Bytes sent and received are per worker (cumulative); "peak bytes sent / step" is '
+           'the most bytes one worker sent in one step; "sim s" is the simulated wall-clock on the '
            'configured network (— without one); "wall s" is the measured time over all '
            'attempts (— if unknown).', '', '## Plots', '']
   for p in pngs:
@@ -514,14 +525,15 @@ def write_report(paths: Sequence[str], out: str | None = None,
     lines += ['## Over seeds', '',
               'Finished runs whose configs differ only in `seed`: mean ± sample standard '
               'deviation.', '', seed_table(groups), '']
-  lines += ['## Problems: failed, diverged, incomplete and unstarted runs, damaged metrics', '',
+  lines += ['## Problems: failed, diverged, incomplete, unreadable and unstarted runs, '
+            'damaged metrics', '',
             *([f'- {p}' for p in problems] or ['None.'])]
   commands = [(r['name'], r['command']) for r in rows + missing if r.get('command')]
   if commands:
     lines += ['', '## Commands', '']
     lines += [f'- `{n}`: `{" ".join(["python", *c[1:]])}`' for n, c in commands]
   os.makedirs(out, exist_ok=True)
-  path = os.path.join(out, 'report.md')
+  path = os.path.join(out, runs.REPORT)
   with open(path, 'w') as f:
     f.write('\n'.join(lines) + '\n')
   print(text_table(rows), file=stream)
@@ -537,20 +549,14 @@ def write_report(paths: Sequence[str], out: str | None = None,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(prog='python -m loco.report',
-                                   description=__doc__.split('\n\n')[0])
+  parser = cli.Parser(prog='python -m loco.report', description=__doc__.split('\n\n')[0])
   parser.add_argument('paths', nargs='+', metavar='PATH', help='sweep dirs or workdirs')
   parser.add_argument('--out', help='output directory (default: the first PATH if it is '
                       'a sweep dir, else ./report)')
   parser.add_argument('--target', type=float, help='eval loss for the time-to-target '
                       'columns (default: the largest final eval loss of finished runs)')
   args = parser.parse_args(argv)
-  try:
-    write_report(args.paths, args.out, args.target)
-  except (FileNotFoundError, ReportError) as e:
-    print(f'loco.report: error: {e}', file=sys.stderr)
-    return 2 if isinstance(e, FileNotFoundError) else 1
-  return 0
+  return cli.run(PROG, lambda: write_report(args.paths, args.out, args.target) and 0)
 
 
 if __name__ == '__main__':

@@ -23,15 +23,18 @@ import re
 import sys
 from typing import Any, Mapping, Sequence
 
+from loco import cli
 from loco import commlog
 from loco import configs
 from loco import network as network_lib
+from loco import runs
 from loco import timeline as timeline_lib
 from loco import workdir as workdir_lib
-from loco.errors import ConfigError, LocoError, WorkdirError
-from loco.metrics import read_metrics, write_jsonl
-from loco.report import RETIMED
+from loco.errors import ConfigError, RunFileError, UsageError, WorkdirError
+from loco.metrics import write_jsonl
+from loco.runs import RETIMED  # noqa: F401  (kept for callers of loco.retime.RETIMED)
 
+PROG = 'loco.retime'
 _NAME = re.compile(r'^[A-Za-z0-9_.,=+-]+$')
 
 
@@ -54,17 +57,32 @@ def check_name(name: Any) -> None:
     raise ConfigError(f'the re-timing name {name!r} must be letters, digits and _.,=+-.')
 
 
+def _need(stored: dict[str, Any], path: str, workdir: str) -> Any:
+  """stored[path] ('model.flops_per_token'), a positive number, or a RunFileError."""
+  value = stored
+  for part in path.split('.'):
+    value = value.get(part) if isinstance(value, dict) else None
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    raise RunFileError(f'{os.path.join(workdir, runs.CONFIG)}: {path} is {value!r}, not a '
+                       'positive number; the run cannot be re-timed.')
+  return value
+
+
 def retime(workdir: str, overrides: Mapping[str, Any], name: str | None = None) -> str:
   """Re-times the run in `workdir` on the network of `overrides`; returns the new dir.
 
+  Everything is read and checked before anything is written: a damaged config.json or
+  metrics.jsonl, or a communication log that is damaged or does not cover the run's
+  metrics rows (a replay of part of it would be silently too fast), writes nothing.
+
   Raises:
-    LocoError: no such run, no communication log, an asynchronous run, or a bad
-      network key, value or name; one sentence.
+    LocoError: no such run, no communication log, an asynchronous run, a damaged run
+      file (RunFileError), or a bad network key, value or name; one sentence.
   """
   if not os.path.isdir(workdir):
     raise WorkdirError(f'no such workdir: {workdir}')
-  stored = workdir_lib.read_json(os.path.join(workdir, workdir_lib.CONFIG))
-  if not isinstance(stored, dict) or 'config' not in stored:
+  stored = runs.read_config(workdir)
+  if stored is None:
     raise WorkdirError(f'{workdir} is not a loco run (no readable config.json).')
   run = stored['config']
   own = run.get('network') or {}
@@ -83,44 +101,54 @@ def retime(workdir: str, overrides: Mapping[str, Any], name: str | None = None) 
                         f'{own.get(key)!r}: it decided which work the run did; train again.')
   if name is not None:
     check_name(name)
-  if not os.path.isfile(os.path.join(workdir, commlog.FILE)):
-    raise WorkdirError(f'{workdir} has no {commlog.FILE} (runs trained before the '
-                       'communication log cannot be re-timed).')
   cfg = network_lib.parse_network(section)
-  num_workers, log = commlog.read(workdir)
-  seconds = network_lib.nominal_step_seconds(
-      cfg, stored['model']['flops_per_token'], run['batch_per_worker'] * run['seq_len'])
-  net = network_lib.make_network(cfg, num_workers, seconds)
-  rows = read_metrics(workdir)
+  out = os.path.join(workdir, RETIMED, name or cfg.profile)
+  for path in (os.path.dirname(out), out):     # checked before any work is done
+    if os.path.exists(path) and not os.path.isdir(path):
+      raise WorkdirError(f'{path} is a file, not a directory: the re-timing cannot be '
+                         'written there.')
+  if not os.path.isfile(os.path.join(workdir, runs.COMMS)):
+    raise WorkdirError(f'{workdir} has no {runs.COMMS} (runs trained before the '
+                       'communication log cannot be re-timed).')
+  rows = runs.read_metrics(workdir).rows
   if not rows:
     raise WorkdirError(f'{workdir} has no metrics rows to re-time yet.')
+  num_workers, log = commlog.read(workdir, steps=rows)
+  if run.get('num_workers') not in (None, num_workers):
+    raise RunFileError(f'{os.path.join(workdir, runs.COMMS)} is the log of {num_workers} '
+                       f'workers, but the run has num_workers={run["num_workers"]}.')
+  flops, tokens = 0.0, 0        # a configured step time does not read the model
+  if cfg.step_seconds is None:
+    flops = _need(stored, 'model.flops_per_token', workdir)
+    tokens = (_need(stored, 'config.batch_per_worker', workdir)
+              * _need(stored, 'config.seq_len', workdir))
+  seconds = network_lib.nominal_step_seconds(cfg, flops, tokens)
+  net = network_lib.make_network(cfg, num_workers, seconds)
   steps = {r['step'] for r in rows}
   clocks = {step: timeline_lib.clock_metrics(clock.seconds, clock.now, clock.compute)
             for step, clock in commlog.replay(net, log, max(steps)) if step in steps}
-  out = os.path.join(workdir, RETIMED, name or cfg.profile)
+  retimed = [{**r, **clocks[r['step']]} for r in rows]
+  record = dict(stored, config={**run, 'network': section}, retimed_from=dict(
+      workdir=os.path.abspath(workdir), network=own, step=max(steps),
+      overrides=json.loads(json.dumps(dict(overrides)))))
   os.makedirs(out, exist_ok=True)
-  write_jsonl(os.path.join(out, 'metrics.jsonl'), [{**r, **clocks[r['step']]} for r in rows])
-  workdir_lib.write_json(os.path.join(out, workdir_lib.CONFIG), dict(
-      stored, config={**run, 'network': section}, retimed_from=dict(
-          workdir=os.path.abspath(workdir), network=own, step=max(steps),
-          overrides=json.loads(json.dumps(dict(overrides))))))
+  write_jsonl(os.path.join(out, runs.METRICS), retimed)
+  # The config last: `is_current` reads it, so a crash in between redoes the re-timing.
+  workdir_lib.write_json(os.path.join(out, runs.CONFIG), record)
   return out
 
 
 def is_current(workdir: str, overrides: Mapping[str, Any], name: str) -> bool:
   """Whether `retime(workdir, overrides, name)` was done on the run's last metrics row."""
-  stored = workdir_lib.read_json(os.path.join(workdir, RETIMED, name, workdir_lib.CONFIG))
-  source = (stored or {}).get('retimed_from', {})
-  rows = read_metrics(workdir) if os.path.isfile(os.path.join(workdir, 'metrics.jsonl')) else []
-  return (source.get('overrides') == json.loads(json.dumps(dict(overrides)))
+  stored = runs.read_json_object(os.path.join(workdir, RETIMED, name, runs.CONFIG))
+  source = (stored or {}).get('retimed_from') or {}
+  rows = runs.read_metrics(workdir).rows
+  return (isinstance(source, dict)
+          and source.get('overrides') == json.loads(json.dumps(dict(overrides)))
           and bool(rows) and source.get('step') == rows[-1]['step'])
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  args = list(sys.argv[1:] if argv is None else argv)
-  if not args or args[0] in ('-h', '--help'):
-    print(__doc__)
-    return 0 if args else 2
+def _parse_args(args: list[str]) -> tuple[str, dict[str, str], str | None]:
   workdirs, name, overrides = [], None, {}
   for arg in args:
     key, eq, value = arg.partition('=')
@@ -130,21 +158,30 @@ def main(argv: Sequence[str] | None = None) -> int:
       overrides[key[2:]] = value
     else:
       workdirs.append(arg)
-  try:
-    if len(workdirs) != 1 or workdirs[0].startswith('-'):
-      raise ConfigError('takes one WORKDIR, --network.KEY=VALUE ... and --name=NAME; got '
-                        f'{" ".join(workdirs) or "no WORKDIR"}.')
-    if 'network.profile' not in overrides:
-      raise ConfigError('--network.profile=PROFILE is required (one of '
-                        f'{", ".join(network_lib.PROFILES)}).')
-    out = retime(workdirs[0], overrides, name)
-  except (LocoError, OSError) as e:
-    print(f'loco.retime: error: {e}', file=sys.stderr)
-    return 1
-  before, after = read_metrics(workdirs[0])[-1], read_metrics(out)[-1]
-  print(f'step {after["step"]}: simulated {before.get("sim_seconds") or 0:,.1f} s -> '
-        f'{after["sim_seconds"]:,.1f} s, utilization {after["utilization"]:.1%}: {out}')
-  return 0
+  if len(workdirs) != 1 or workdirs[0].startswith('-'):
+    raise UsageError('takes one WORKDIR, --network.KEY=VALUE ... and --name=NAME; got '
+                     f'{" ".join(workdirs) or "no WORKDIR"}.')
+  if 'network.profile' not in overrides:
+    raise UsageError('--network.profile=PROFILE is required (one of '
+                     f'{", ".join(network_lib.PROFILES)}).')
+  return workdirs[0], overrides, name
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = list(sys.argv[1:] if argv is None else argv)
+  if not args or args[0] in ('-h', '--help'):
+    print(__doc__)
+    return 0 if args else 2
+
+  def body() -> int:
+    workdir, overrides, name = _parse_args(args)
+    out = retime(workdir, overrides, name)
+    before, after = runs.read_metrics(workdir).rows[-1], runs.read_metrics(out).rows[-1]
+    print(f'step {after["step"]}: simulated {before.get("sim_seconds") or 0:,.1f} s -> '
+          f'{after["sim_seconds"]:,.1f} s, utilization {after["utilization"]:.1%}: {out}')
+    return 0
+
+  return cli.run(PROG, body)
 
 
 if __name__ == '__main__':

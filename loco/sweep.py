@@ -31,7 +31,6 @@ Runs execute `--parallel` at a time on this machine. On a CPU each run already u
 every core, so `--parallel=1` is the fastest there; use more on a many-core host.
 """
 
-import argparse
 import collections
 import dataclasses
 import datetime
@@ -44,20 +43,23 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
+from loco import cli
 from loco import configs
 from loco import report as report_lib
-from loco.errors import LocoError
+from loco import runs as runs_lib
+from loco.errors import LocoError, UsageError
 from loco.metrics import duration
-from loco.report import LOG, STATUS, SWEEP, error_line, read_status
-from loco.workdir import read_json, write_json
+from loco.runs import LOG, STATUS, SWEEP, read_status  # noqa: F401  (older imports)
+from loco.workdir import write_json
 
+PROG = 'loco.sweep'
 _NAME = re.compile(r'^[A-Za-z0-9_.,=+-]+(/[A-Za-z0-9_.,=+-]+)*$')
 
 
-class SweepError(Exception):
-  """A spec or command-line mistake; printed as one line."""
+class SweepError(UsageError):
+  """A spec or command-line mistake; printed as one line (exit code 2)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,9 +140,18 @@ def _spec_call(path: str, function: str, missing: Any = None) -> Any:
 
 def load_spec(path: str) -> list[Run]:
   """The runs of a spec file (its `get_sweep()`), checked for names and values."""
-  runs = list(_spec_call(path, 'get_sweep'))
+  runs = _spec_call(path, 'get_sweep')
+  if not isinstance(runs, (list, tuple)):
+    raise SweepError(f'get_sweep() of {path} returned {_short(runs)}; it must return a '
+                     'list of loco.sweep.Run.')
+  runs = list(runs)
   check_runs(runs)
   return runs
+
+
+def _short(value: Any) -> str:
+  text = repr(value)
+  return text if len(text) <= 60 else text[:57] + '...'
 
 
 def load_retimes(path: str) -> dict[str, dict[str, Any]]:
@@ -173,14 +184,31 @@ def check_runs(runs: Sequence[Run]) -> None:
   seen = set()
   for run in runs:
     if not isinstance(run, Run):
-      raise SweepError(f'get_sweep() must return loco.sweep.Run objects, got {run!r}.')
-    if not _NAME.match(run.name) or '..' in run.name.split('/'):
+      raise SweepError(f'get_sweep() must return loco.sweep.Run objects, got {_short(run)}.')
+    if not isinstance(run.name, str):
+      raise SweepError(f'run name {_short(run.name)} must be a string (its workdir under '
+                       f'--out), not {type(run.name).__name__}.')
+    parts = run.name.split('/')
+    if not _NAME.match(run.name) or any(p in ('.', '..') for p in parts):
       raise SweepError(f'run name {run.name!r} must be letters, digits and _.,=+- '
-                       f'(with / between nested parts).')
+                       f'(with / between nested parts, none of them . or ..).')
+    reserved = [p for p in parts if p in runs_lib.RESERVED]
+    if reserved:
+      raise SweepError(f'run name {run.name!r} uses {reserved[0]!r}, the name of a file '
+                       "loco keeps in a sweep or a run's directory; rename the run.")
+    if not isinstance(run.config, str):
+      raise SweepError(f'run {run.name!r}: config {_short(run.config)} must be a config '
+                       "file path, 'experiments/x.py[:variant]'.")
+    if not isinstance(run.overrides, Mapping):
+      raise SweepError(f'run {run.name!r}: overrides must be a mapping '
+                       f"{{'KEY': value}}, got a {type(run.overrides).__name__}.")
     if run.name in seen:
       raise SweepError(f'duplicate run name {run.name!r}: every run needs its own workdir.')
     seen.add(run.name)
     for key, value in run.overrides.items():
+      if not isinstance(key, str):
+        raise SweepError(f'run {run.name!r}: override key {_short(key)} must be a string '
+                         "such as 'optimizer.lr'.")
       if value is None:
         raise SweepError(f'run {run.name!r}: {key}=None cannot be passed on the command '
                          f'line; unset it in a config variant (experiments/x.py:variant).')
@@ -306,7 +334,7 @@ class _Active:
     elif code == 0:
       state, error = 'finished', None
     else:
-      state, error = 'failed', error_line(os.path.join(self.workdir, LOG))
+      state, error = 'failed', runs_lib.read_error_line(self.workdir)
     self.status.update(state=state, end=_now(), returncode=code, error=error,
                        seconds=round(self.status['seconds'] + time.time() - self.t0, 1))
     write_json(os.path.join(self.workdir, STATUS), self.status)
@@ -351,8 +379,8 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
       say(f're-time finished synchronous runs on: {", ".join(retimes)}')
     return _dry_run(runs, cmds, plans, width, say)
 
-  os.makedirs(out, exist_ok=True)
-  lock = open(os.path.join(out, '.lock'), 'w')
+  cli.check_output_dir(out)
+  lock = open(os.path.join(out, runs_lib.LOCK), 'w')
   try:
     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except OSError:
@@ -403,7 +431,7 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
   lock.close()
   if code:
     return code
-  states = [(read_status(os.path.join(out, r.name)) or {}).get('state') for r in runs]
+  states = [_status(os.path.join(out, r.name)).get('state') for r in runs]
   return 0 if all(state == 'finished' for state in states) and not failed_retimes else 1
 
 
@@ -415,17 +443,22 @@ def _retime_runs(runs, out, retimes, say) -> int:
   t0, done, failed = time.time(), 0, 0
   for r in runs:
     workdir = os.path.join(out, r.name)
-    config = (read_json(os.path.join(workdir, 'config.json')) or {}).get('config', {})
-    if (read_status(workdir) or {}).get('state') != 'finished':
+    try:
+      if (read_status(workdir) or {}).get('state') != 'finished':
+        continue
+      config = (runs_lib.read_config(workdir) or {}).get('config', {})
+    except LocoError as e:
+      failed += 1
+      say(f'retime  {r.name}: error: {e}')
       continue
-    if config.get('network', {}).get('mode') == 'async':
+    if (config.get('network') or {}).get('mode') == 'async':
       say(f'retime  {r.name}: not re-timed (asynchronous: its schedule depends on the '
           'network)')
       continue
     for name, overrides in retimes.items():
-      if retime_lib.is_current(workdir, overrides, name):
-        continue
       try:
+        if retime_lib.is_current(workdir, overrides, name):
+          continue
         retime_lib.retime(workdir, overrides, name)
         done += 1
       except (LocoError, OSError) as e:
@@ -434,6 +467,15 @@ def _retime_runs(runs, out, retimes, say) -> int:
   say(f'retime: {done} re-timing(s) written, {failed} failed, {time.time() - t0:.1f} s '
       f'({len(retimes)} networks: {", ".join(retimes)})')
   return failed
+
+
+def _status(workdir: str) -> dict[str, Any]:
+  """status.json for the summary: {} if none; a damaged one is named, not raised (the
+  runs are done by then)."""
+  try:
+    return read_status(workdir) or {}
+  except LocoError as e:
+    return dict(state='unreadable', error=str(e))
 
 
 def _terminate(proc: subprocess.Popen) -> None:
@@ -472,7 +514,7 @@ def _summary(runs, results, seconds, out, say) -> None:
   say(f'sweep {out}: {len(runs)} runs: {parts}; wall {duration(seconds)}')
   for r in runs:
     state = results.get(r.name, 'not started')
-    status = read_status(os.path.join(out, r.name)) or {}
+    status = _status(os.path.join(out, r.name))
     if state == 'skipped':
       state = f'skipped ({status.get("state")})'
     detail = status.get('error') if status.get('state') != 'finished' else (
@@ -481,11 +523,11 @@ def _summary(runs, results, seconds, out, say) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(
-      prog='python -m loco.sweep', description=__doc__.split('\n\n')[0])
+  parser = cli.Parser(prog='python -m loco.sweep', description=__doc__.split('\n\n')[0])
   parser.add_argument('spec', help='sweep spec file defining get_sweep()')
   parser.add_argument('--out', help='sweep directory (default runs/sweeps/<spec name>)')
-  parser.add_argument('--parallel', type=int, default=1, help='runs at once (default 1)')
+  parser.add_argument('--parallel', type=cli.positive_int, default=1,
+                      help='runs at once (default 1)')
   parser.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
                       help='config override for every run, after its own (repeatable)')
   parser.add_argument('--retry_failed', action='store_true', help='re-run failed runs')
@@ -495,15 +537,15 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
   out = args.out or os.path.join('runs', 'sweeps',
                                  os.path.splitext(os.path.basename(args.spec))[0])
-  try:
+
+  def body() -> int:
     runs = load_spec(args.spec)
     return run_sweep(runs, out, parallel=args.parallel, extra=parse_sets(args.set),
                      retry_failed=args.retry_failed, dry_run=args.dry_run,
                      spec=args.spec, report=not args.no_report,
                      retimes=load_retimes(args.spec))
-  except SweepError as e:
-    print(f'loco.sweep: error: {e}', file=sys.stderr)
-    return 2
+
+  return cli.run(PROG, body)
 
 
 if __name__ == '__main__':

@@ -19,10 +19,7 @@ from typing import Any
 
 from loco.errors import WorkdirError
 from loco.metrics import read_metrics
-
-LOCK = '.lock'
-CONFIG = 'config.json'
-DIVERGED = 'diverged.json'
+from loco.runs import CONFIG, DIVERGED, LOCK  # noqa: F401  (the names live in loco.runs)
 
 # Keys (or prefixes ending in '.') whose change does not alter what a run computes.
 MAY_CHANGE = ('progress', 'log_every', 'eval.every', 'eval.per_worker', 'checkpoint.',

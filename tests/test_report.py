@@ -13,7 +13,8 @@ from loco import report
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _workdir(root, name, algorithm=None, steps=30, metrics=(), status=None, log=None):
+def _workdir(root, name, algorithm=None, steps=30, metrics=(), status=None, log=None,
+             diverged=None):
   path = os.path.join(root, name)
   os.makedirs(path)
   if algorithm:
@@ -28,6 +29,9 @@ def _workdir(root, name, algorithm=None, steps=30, metrics=(), status=None, log=
   if log:
     with open(os.path.join(path, 'log.txt'), 'w') as f:
       f.write(log)
+  if diverged:
+    with open(os.path.join(path, 'diverged.json'), 'w') as f:
+      json.dump(diverged, f)
   return path
 
 
@@ -56,10 +60,12 @@ def sweep_dir(tmp_path):
            status=dict(finished, seconds=20.0))
   _workdir(root, 'bad', status=dict(state='failed', returncode=1, seconds=1.0,
                                     error='loco: error: optimizer.lr must be positive, got -1.0.'))
-  # Run by hand (no status.json): diverged, per its log; and one cut short, nested.
+  # Run by hand (no status.json): diverged, per the diverged.json loco.train writes (the
+  # status never comes from an error's wording); and one cut short, nested.
+  message = ('the training loss became nan at step 14; the last good checkpoint (step 10) '
+             'is kept in x.')
   _workdir(root, 'nan', 'gasloc', metrics=_records([2.9]),
-           log='step 10\nloco: error: the training loss became nan at step 14; the last '
-               'good checkpoint (step 10) is kept in x.\n')
+           log=f'step 10\nloco: error: {message}\n', diverged=dict(step=14, message=message))
   _workdir(root, 'more/partial', 'sparseloco', metrics=_records([2.0]))
   with open(os.path.join(root, 'sweep.json'), 'w') as f:
     json.dump({'runs': [{'name': n} for n in
@@ -88,7 +94,7 @@ def test_summarize_values_and_time_to_target(sweep_dir):
   assert rows['more/partial']['target_step'] == 10
   assert rows['nan']['target_step'] is None and rows['bad']['target_step'] is None
   assert rows['bad']['error'] == 'loco: error: optimizer.lr must be positive, got -1.0.'
-  assert rows['nan']['error'].startswith('loco: error: the training loss became nan')
+  assert rows['nan']['error'].startswith('the training loss became nan')
   assert rows['bad']['final_eval_loss'] is None and rows['bad']['wall_seconds'] == 1.0
 
   given = {r['name']: r for r in report.summarize(workdirs, target=2.15)}
@@ -104,14 +110,16 @@ def test_write_report_table_plots_and_problem_runs(sweep_dir, tmp_path):
   assert ('Target: eval loss <= 2.4000 (the largest final eval loss among finished runs, '
           'so every finished run reaches it)') in text
   assert '6 runs: 1 diverged, 1 failed, 2 finished, 1 incomplete, 1 not started.' in text
-  assert ('| diloco | diloco | finished | 2.4000 | 2.4000 | 30,000 | 300 B | 10 B | 15.0 | '
-          '20 | 30 | 30,000 | 300 B | 15.0 |') in text
-  assert ('| ddp | ddp | finished | 2.2000 | 2.1000 | 30,000 | 3.00 KB | 100 B | — | 12 | '
-          '20 | 20,000 | 2.00 KB | — |') in text
+  assert ('| diloco | diloco | finished | 2.4000 | 2.4000 | 30,000 | 300 B | 300 B | 10 B | '
+          '15.0 | 20 | 30 | 30,000 | 300 B | 15.0 |') in text
+  assert ('| ddp | ddp | finished | 2.2000 | 2.1000 | 30,000 | 3.00 KB | 3.00 KB | 100 B | — | '
+          '12 | 20 | 20,000 | 2.00 KB | — |') in text
+  assert ('| run | algorithm | status | final eval | best eval | tokens | bytes sent / worker | '
+          'bytes received / worker | peak bytes sent / step |') in text
   # Sweep order (sweep.json), then problems, never hidden.
   assert text.index('| diloco |') < text.index('| ddp |') < text.index('| bad |')
   assert '- `bad` (failed): loco: error: optimizer.lr must be positive, got -1.0.' in text
-  assert '- `nan` (diverged): loco: error: the training loss became nan at step 14' in text
+  assert '- `nan` (diverged): the training loss became nan at step 14' in text
   assert '- `more/partial` (incomplete): ' in text
   assert '- `never` (not started)' in text
   assert '- `ddp`: `python -m loco.main --config=x.py`' in text
@@ -126,7 +134,7 @@ def test_write_report_table_plots_and_problem_runs(sweep_dir, tmp_path):
   header = next(line for line in table if line.startswith('run '))
   ddp = next(line for line in table if line.startswith('ddp '))
   assert ddp.split() == ['ddp', 'ddp', 'finished', '2.2000', '2.1000', '30,000', '3.00', 'KB',
-                         '100', 'B', '—', '12', '20', '20,000', '2.00', 'KB', '—']
+                         '3.00', 'KB', '100', 'B', '—', '12', '20', '20,000', '2.00', 'KB', '—']
   end = header.index('final eval') + len('final eval')   # numbers right-aligned
   assert ddp.index('2.2000') + len('2.2000') == end
 
