@@ -215,6 +215,12 @@ def family(rel: str, kind: str) -> str:
   return parts[0].removesuffix('.py')
 
 
+def _stratum(family_name: str, kind: str) -> str:
+  # Tests and library code differ in loss (tests repeat themselves more), so the
+  # validation halves balance the bytes of each.
+  return 'test' if kind == 'stdlib' and family_name.startswith('test/') else ''
+
+
 def split_files(sizes: dict[str, int], kind: str) -> dict[str, list[str]]:
   """Deterministic train/validation split by family (see SPLIT_RULE).
 
@@ -244,19 +250,22 @@ def split_files(sizes: dict[str, int], kind: str) -> dict[str, list[str]]:
     chosen.pop()
   # The halves `validation[:50%]` and `validation[50%:]` get whole families:
   # dealt the families with most documents first, then in hash order, each to
-  # the half with fewer bytes so far that still has room for its documents up
-  # to TFDS's boundary of `[:50%]` (its 'closest' rounding). So the halves hold
-  # about the same bytes, and which family lands where follows the hash.
+  # the half with fewer bytes of its stratum (stdlib: tests or library code)
+  # so far that still has room for its documents up to TFDS's boundary of
+  # `[:50%]` (its 'closest' rounding). So the halves hold about the same bytes
+  # of tests and of library code, and which family lands where follows the hash.
   count = sum(len(members[f]) for f in chosen)
   room = [int(round(50 * count / 100.0))]
   room.append(count - room[0])
-  halves, held_bytes = ([], []), [0, 0]
+  halves = ([], [])
+  held_bytes = collections.defaultdict(lambda: [0, 0])  # Stratum -> per half.
   for f in sorted(chosen, key=lambda f: (-len(members[f]), _hash(f), f)):
-    order = sorted((0, 1), key=lambda h: (held_bytes[h], h))
+    stratum = held_bytes[_stratum(f, kind)]
+    order = sorted((0, 1), key=lambda h: (stratum[h], h))
     fits = [h for h in order if len(members[f]) <= room[h]]
     h = fits[0] if fits else order[0]  # Fits nowhere: the boundary cuts it.
     halves[h].append(f)
-    held_bytes[h] += weight[f]
+    stratum[h] += weight[f]
     room[h] -= len(members[f])
   held_out = set(chosen)
   return {'train': sorted(r for r in sizes if family(r, kind) not in held_out),
