@@ -167,8 +167,9 @@ def test_stdlib_split_is_disjoint_by_file_and_deterministic(stdlib_cfg):
   assert list(train.paths) == sorted(train.paths)
   assert 0.03 < len(valid) / (len(train) + len(valid)) < 0.08
   spec = corpus.stdlib_spec()
-  split = corpus.split_files(spec.files)
-  assert split == corpus.split_files(list(reversed(spec.files)))
+  sizes = corpus.plan(spec).sizes
+  split = corpus.split_files(sizes, 'stdlib')
+  assert split == corpus.split_files(dict(reversed(sizes.items())), 'stdlib')
   assert set(valid.paths) <= set(split['validation'])
   assert sum(len(t) for t in train.texts) > 20e6  # the real corpus, ~30 MB
 
@@ -501,8 +502,7 @@ def test_large_local_corpus_is_read_lazily(monkeypatch, text_cfg):
   monkeypatch.setattr(sources, 'IN_MEMORY_MAX_BYTES', 0)
   docs = sources.open_documents(text_cfg, 'train')
   assert not docs.in_memory and len(docs) == len(
-      [p for p in corpus.split_files(corpus.text_spec(text_cfg.text_glob).files)
-       ['train']])
+      corpus.plan(corpus.text_spec(text_cfg.text_glob)).splits['train'])
   cfg = ld.DataConfig(source='text', text_glob=text_cfg.text_glob,
                       data_dir=text_cfg.data_dir, sharding='noniid')
   batch = next(ld.make_train_iterator(cfg, num_workers=2, batch_per_worker=2,

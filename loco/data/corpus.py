@@ -3,26 +3,58 @@
 The default corpus is the `.py` source of the running Python's standard library
 (about 1,800 files, 31 MB): real text that needs no download. A user's own text
 files (`DataConfig.text_glob`) go through the same builder. Each file is one
-document; 5% of the files, chosen by a hash of their relative path, form the
-validation split, so the split is deterministic and disjoint by file.
+document.
+
+Cleaning (`loco.data.clean`): the stdlib corpus leaves out empty files,
+machine-generated files and near-duplicates (the charmap codec tables,
+`pydoc_data/topics.py`, 2to3's test inputs, ...: 2.5 MB, 8% of the bytes), so
+that a model is not rewarded for memorising generated text. A text corpus is
+cleaned only when asked (`text_spec(pattern, clean=True)`); it always leaves
+out empty files.
+
+Split (`split_files`, SPLIT_RULE): train and validation are split by *family*,
+so that related files never straddle the split. In the stdlib a family is a
+top-level package (`email/...`), a top-level module (`turtle.py`), or, inside
+the `test` package, which holds 54% of the bytes and would otherwise be one
+family, a test module or test package (`test/test_email/...`). In a text corpus
+each file is its own family. Families are drawn in the order of a hash of their
+name until validation holds 5% of the bytes. In the stdlib only families up to
+MAX_VALIDATION_FAMILY_BYTES (64 KB) are drawn: the halves of validation hold
+about 0.7 MB each, and one 300 KB test module would be 40% of one half (the old
+split had one 144 KB file, turtle.py, supply 73% of an eval); larger families
+(idlelib, unittest, test_typing.py, ...) are always trained on.
+
+Validation order: experiments tune on `validation[:50%]` and report finals on
+`validation[50%:]` (TFDS slices by document index), so the stored order makes
+the halves exchangeable: whole families, in hash order, fill the first half up
+to TFDS's boundary (round(n / 2)) and the rest form the second half. Each half
+is a random set of whole families; the order is a pure function of the file
+list. The training split is stored in sorted-path order.
 
 A matched file whose first 8 KB hold a NUL byte or are not valid UTF-8 is binary:
 it is skipped, with one warning line on stderr that counts the skipped files and
 names the first; a glob that matches only binary files is a DataError.
 
 A prepared corpus lives in `<data_dir>/loco_corpus/<kind>_<key>/<version>/`,
-where `key` hashes the file list (names, sizes, modification times): a changed
-file list gets a fresh dataset instead of silently reusing a stale one. Its
-content fingerprint (file count, bytes, sha256 over path and content) is saved
-with the dataset as TFDS metadata.
+where `key` hashes the version, the cleaning switch and the file list (names,
+sizes, modification times): a changed file list or rule gets a fresh dataset
+instead of silently reusing a stale one. Its content fingerprint (file count,
+bytes, sha256 over path and content of the kept files, what cleaning excluded,
+the split's sizes) is saved with the dataset as TFDS metadata.
+
+Version 2.0.0 (cleaning, the family split, the validation order) changed the
+documents of both splits: losses measured on 1.x corpora do not compare with
+losses measured on 2.x corpora.
 """
 
 from __future__ import annotations
 
 import codecs
+import collections
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import glob
 import hashlib
 import json
@@ -40,12 +72,18 @@ from typing import Any, Iterator
 import tensorflow_datasets as tfds
 
 from loco import errors
+from loco.data import clean as clean_lib
 
-VERSION = '1.0.0'  # Bump when the split rule or features change.
+VERSION = '2.0.0'  # Bump when the cleaning, the split rule or the features change.
 BUILDER_NAME = 'loco_corpus'
-VALIDATION_PER_MILLE = 50  # 5% of the files go to the validation split.
-SPLIT_RULE = ('validation iff int(sha256(relative path)[:8 bytes]) % 1000 < 50 '
-              '(at least one file in each split)')
+VALIDATION_SHARE = 0.05  # Of the kept bytes.
+MAX_VALIDATION_FAMILY_BYTES = 64 * 1024  # Stdlib families above this stay in train.
+SPLIT_RULE = (
+    'family = top-level package or module (stdlib; inside test/, the test module or '
+    'package) or the file (text); families with <= 64 KB (stdlib) drawn in '
+    'int(sha256(family)[:8 bytes]) order into validation until it holds 5% of the '
+    'bytes (at least one family in each split); validation stored as whole families '
+    'in that order, the first half filled to round(n/2) documents; train sorted by path')
 _SKIP_DIRS = ('site-packages', 'dist-packages', '__pycache__')
 
 
@@ -57,7 +95,8 @@ class CorpusSpec:
   root: str  # Files are read from root/<relative path>.
   files: tuple[str, ...]  # Sorted relative paths.
   pattern: str  # The glob for 'text', '' for 'stdlib'.
-  key: str  # sha256 of the file list with sizes and modification times.
+  key: str  # sha256 of the version, `clean` and the file list with sizes and mtimes.
+  clean: bool = False  # Leave out generated and near-duplicate files (loco.data.clean).
 
   @property
   def config_name(self) -> str:
@@ -71,15 +110,16 @@ class CorpusSpec:
     return f'text files {self.pattern!r}'
 
 
-def _spec(kind: str, root: str, files: list[str], pattern: str) -> CorpusSpec:
+def _spec(kind: str, root: str, files: list[str], pattern: str,
+          clean: bool) -> CorpusSpec:
   listing = []
   for rel in files:
     st = os.stat(os.path.join(root, rel))
     listing.append([rel, st.st_size, st.st_mtime_ns])
   key = hashlib.sha256(json.dumps(
-      [VERSION, kind, root, pattern, listing]).encode()).hexdigest()
+      [VERSION, kind, root, pattern, clean, listing]).encode()).hexdigest()
   return CorpusSpec(kind=kind, root=root, files=tuple(files), pattern=pattern,
-                    key=key)
+                    key=key, clean=clean)
 
 
 def stdlib_spec() -> CorpusSpec:
@@ -94,13 +134,15 @@ def stdlib_spec() -> CorpusSpec:
   if not files:
     raise errors.DataError(
         f'found no .py files in the Python standard library at {root}.')
-  return _spec('stdlib', root, sorted(files), '')
+  return _spec('stdlib', root, sorted(files), '', clean=True)
 
 
-def text_spec(pattern: str) -> CorpusSpec:
+def text_spec(pattern: str, clean: bool = False) -> CorpusSpec:
   """The text files matching `pattern` (`**` recurses); each file is one document.
 
   Binary files among them (`_is_binary`) are skipped with one warning on stderr.
+  With `clean`, machine-generated tables and near-duplicates are left out too
+  (`loco.data.clean`; its list of known stdlib files does not apply).
 
   Raises:
     DataError: the pattern matches no file, only binary files, or a single text file.
@@ -131,7 +173,8 @@ def text_spec(pattern: str) -> CorpusSpec:
         f'data.text_glob {pattern!r} matches only {paths[0]}; loco splits '
         'train/validation by file, so give it at least 2 files.')
   root = os.path.commonpath([os.path.dirname(p) for p in paths])
-  return _spec('text', root, [os.path.relpath(p, root) for p in paths], pattern)
+  return _spec('text', root, [os.path.relpath(p, root) for p in paths], pattern,
+               clean=clean)
 
 
 _SNIFF_BYTES = 8192
@@ -158,23 +201,130 @@ def _is_binary(path: str, pattern: str) -> bool:
   return _SNIFFED[key]
 
 
-def _path_hash(rel: str) -> int:
-  return int.from_bytes(hashlib.sha256(rel.encode()).digest()[:8], 'big')
+def _hash(name: str) -> int:
+  return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], 'big')
 
 
-def split_files(files: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
-  """Deterministic train/validation split by file (see SPLIT_RULE)."""
-  hashes = {rel: _path_hash(rel) for rel in files}
-  validation = [r for r in files if hashes[r] % 1000 < VALIDATION_PER_MILLE]
-  # Few files can leave a split empty; move the extreme-hash file over so that
-  # both exist and the rule stays a pure function of the file names.
-  if not validation:
-    validation = [min(files, key=lambda r: (hashes[r] % 1000, r))]
-  if len(validation) == len(files):
-    validation.remove(max(files, key=lambda r: (hashes[r] % 1000, r)))
-  held_out = set(validation)
-  return {'train': sorted(r for r in files if r not in held_out),
-          'validation': sorted(validation)}
+def family(rel: str, kind: str) -> str:
+  """The family of a file: what the split keeps on one side (see the module docstring)."""
+  if kind != 'stdlib':
+    return rel
+  parts = rel.split('/')
+  if parts[0] == 'test' and len(parts) > 1:
+    return 'test/' + parts[1].removesuffix('.py')
+  return parts[0].removesuffix('.py')
+
+
+def _stratum(family_name: str, kind: str) -> str:
+  # Tests and library code differ in loss (tests repeat themselves more), so the
+  # validation halves balance the bytes of each.
+  return 'test' if kind == 'stdlib' and family_name.startswith('test/') else ''
+
+
+def split_files(sizes: dict[str, int], kind: str) -> dict[str, list[str]]:
+  """Deterministic train/validation split by family (see SPLIT_RULE).
+
+  Args:
+    sizes: relative path -> bytes of every kept file.
+    kind: 'stdlib' or 'text' (how files group into families, whether the
+      family size cap applies).
+
+  Returns:
+    {'train': paths sorted, 'validation': paths in their stored order}.
+  """
+  members = collections.defaultdict(list)
+  for rel in sorted(sizes):
+    members[family(rel, kind)].append(rel)
+  weight = {f: sum(sizes[r] for r in rels) for f, rels in members.items()}
+  cap = MAX_VALIDATION_FAMILY_BYTES if kind == 'stdlib' else None
+  by_hash = sorted(members, key=lambda f: (_hash(f), f))
+  drawable = [f for f in by_hash if cap is None or weight[f] <= cap] or by_hash
+  target = VALIDATION_SHARE * sum(weight.values())
+  chosen, held = [], 0
+  for f in drawable:
+    if chosen and held >= target:
+      break
+    chosen.append(f)
+    held += weight[f]
+  if len(chosen) == len(members):  # Few families: leave one for training.
+    chosen.pop()
+  # The halves `validation[:50%]` and `validation[50%:]` get whole families:
+  # dealt the families with most documents first, then in hash order, each to
+  # the half with fewer bytes of its stratum (stdlib: tests or library code)
+  # so far that still has room for its documents up to TFDS's boundary of
+  # `[:50%]` (its 'closest' rounding). So the halves hold about the same bytes
+  # of tests and of library code, and which family lands where follows the hash.
+  count = sum(len(members[f]) for f in chosen)
+  room = [int(round(50 * count / 100.0))]
+  room.append(count - room[0])
+  halves = ([], [])
+  held_bytes = collections.defaultdict(lambda: [0, 0])  # Stratum -> per half.
+  for f in sorted(chosen, key=lambda f: (-len(members[f]), _hash(f), f)):
+    stratum = held_bytes[_stratum(f, kind)]
+    order = sorted((0, 1), key=lambda h: (stratum[h], h))
+    fits = [h for h in order if len(members[f]) <= room[h]]
+    h = fits[0] if fits else order[0]  # Fits nowhere: the boundary cuts it.
+    halves[h].append(f)
+    stratum[h] += weight[f]
+    room[h] -= len(members[f])
+  held_out = set(chosen)
+  return {'train': sorted(r for r in sizes if family(r, kind) not in held_out),
+          'validation': [r for f in halves[0] + halves[1] for r in members[f]]}
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusPlan:
+  """What a corpus keeps, what it leaves out and why, and its split."""
+
+  kind: str  # As CorpusSpec.kind.
+  sizes: dict[str, int]  # Kept file -> bytes (UTF-8, as stored).
+  excluded: dict[str, str]  # Left-out file -> reason (loco.data.clean.REASONS).
+  excluded_bytes: dict[str, int]  # Left-out file -> bytes.
+  splits: dict[str, list[str]]  # As split_files returns.
+
+  def families(self, rels: list[str]) -> list[str]:
+    """The families of `rels`, each once, in the order they first occur."""
+    return list(dict.fromkeys(family(r, self.kind) for r in rels))
+
+
+def _read_text(root: str, rel: str) -> str:
+  path = os.path.join(root, rel)
+  try:
+    with open(path, 'rb') as f:
+      raw = f.read()
+  except OSError as e:
+    raise errors.DataError(
+        f'cannot read {path} while preparing the corpus: {e}.') from e
+  # Text features hold str; the few non-UTF-8 files get U+FFFD marks.
+  return raw.decode('utf-8', errors='replace')
+
+
+@functools.lru_cache(maxsize=8)
+def plan(spec: CorpusSpec) -> CorpusPlan:
+  """Applies the cleaning and the split rule to `spec`'s files.
+
+  A cleaned corpus reads every file (about 2 s for the stdlib); otherwise only
+  the file sizes are looked at and empty (0-byte) files left out.
+
+  Raises:
+    DataError: fewer than two files remain, so one split would be empty.
+  """
+  if spec.clean:
+    texts = {rel: _read_text(spec.root, rel) for rel in spec.files}
+    sizes = {rel: len(text.encode('utf-8')) for rel, text in texts.items()}
+    excluded = clean_lib.exclusions(texts, stdlib=spec.kind == 'stdlib')
+  else:
+    sizes = {rel: os.path.getsize(os.path.join(spec.root, rel)) for rel in spec.files}
+    excluded = {rel: clean_lib.EMPTY for rel, size in sizes.items() if not size}
+  kept = {rel: size for rel, size in sizes.items() if rel not in excluded}
+  if len(kept) < 2:
+    raise errors.DataError(
+        f'{spec.description} keeps {len(kept)} file(s) once empty and generated ones '
+        'are left out; loco '
+        'splits train/validation by file, so it needs at least 2.')
+  return CorpusPlan(kind=spec.kind, sizes=kept, excluded=excluded,
+                    excluded_bytes={rel: sizes[rel] for rel in excluded},
+                    splits=split_files(kept, spec.kind))
 
 
 class LocoCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
@@ -186,7 +336,11 @@ class LocoCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """
 
   VERSION = tfds.core.Version(VERSION)
-  RELEASE_NOTES = {str(VERSION): 'One document per file; split by path hash.'}
+  RELEASE_NOTES = {
+      '1.0.0': 'One document per file; split by path hash.',
+      '2.0.0': 'Generated and near-duplicate files left out (stdlib); split by '
+               'family; validation ordered so that its halves are exchangeable.',
+  }
 
   @tfds.core.utils.classproperty
   @classmethod
@@ -214,26 +368,20 @@ class LocoCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
             'path': tfds.features.Text(),
         }),
         metadata=tfds.core.MetadataDict(),
-        # Keep files in sorted-path order so that a split reads like the tree.
+        # Keep the order split_files gives: sorted paths for train, so that it
+        # reads like the tree; for validation, the order that makes its halves
+        # exchangeable.
         disable_shuffling=True,
     )
 
   def _split_generators(self, dl_manager: Any) -> dict[str, Iterator[Any]]:
     del dl_manager  # Nothing is downloaded.
     return {name: self._generate_examples(rels)
-            for name, rels in split_files(self._spec.files).items()}
+            for name, rels in plan(self._spec).splits.items()}
 
   def _generate_examples(self, rels: list[str]) -> Iterator[tuple[str, dict]]:
     for rel in rels:
-      path = os.path.join(self._spec.root, rel)
-      try:
-        with open(path, 'rb') as f:
-          raw = f.read()
-      except OSError as e:
-        raise errors.DataError(
-            f'cannot read {path} while preparing the corpus: {e}.') from e
-      # Text features hold str; the few non-UTF-8 files get U+FFFD marks.
-      text = raw.decode('utf-8', errors='replace')
+      text = _read_text(self._spec.root, rel)
       data = text.encode('utf-8')
       self._digests[rel] = (len(data), hashlib.sha256(data).hexdigest())
       yield rel, {'text': text, 'path': rel}
@@ -253,20 +401,29 @@ class LocoCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     self.info.metadata.update(self._fingerprint())
 
   def _fingerprint(self) -> dict[str, Any]:
+    corpus_plan = plan(self._spec)
     manifest = hashlib.sha256()
-    for rel in self._spec.files:  # Sorted: independent of the split.
+    for rel in sorted(corpus_plan.sizes):  # Independent of the split.
       size, digest = self._digests[rel]
       manifest.update(f'{rel}\0{size}\0{digest}\n'.encode())
-    splits = {name: {'files': len(rels), 'bytes': sum(self._digests[r][0] for r in rels)}
-              for name, rels in split_files(self._spec.files).items()}
+    splits = {name: {'files': len(rels), 'families': len(corpus_plan.families(rels)),
+                     'bytes': sum(self._digests[r][0] for r in rels)}
+              for name, rels in corpus_plan.splits.items()}
+    excluded = {}
+    for rel, reason in corpus_plan.excluded.items():
+      entry = excluded.setdefault(reason, {'files': 0, 'bytes': 0})
+      entry['files'] += 1
+      entry['bytes'] += corpus_plan.excluded_bytes[rel]
     return {
         'kind': self._spec.kind,
         'root': self._spec.root,
         'glob': self._spec.pattern,
         'python': platform.python_version(),
-        'files': len(self._spec.files),
+        'files': len(corpus_plan.sizes),
         'bytes': sum(size for size, _ in self._digests.values()),
         'sha256': manifest.hexdigest(),
+        'clean': self._spec.clean,
+        'excluded': excluded,
         'split_rule': SPLIT_RULE,
         'splits': splits,
     }
@@ -349,8 +506,9 @@ def prepare(spec: CorpusSpec, data_dir: str) -> LocoCorpus:
       except OSError as e:
         raise errors.DataError(
             f'cannot prepare {spec.description} in {config_dir}: {e}.') from e
-      logging.info('Prepared %s (%d files) in %s in %.1f s.', spec.description,
-                   len(spec.files), builder.data_path, time.time() - start)
+      logging.info('Prepared %s (%d files, %d left out) in %s in %.1f s.',
+                   spec.description, len(plan(spec).sizes), len(plan(spec).excluded),
+                   builder.data_path, time.time() - start)
   builder = LocoCorpus(spec=spec, data_dir=data_dir)
   if not builder.is_prepared():
     raise errors.DataError(

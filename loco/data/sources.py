@@ -1,8 +1,10 @@
 """One split of a source (stdlib, text files, TFDS) as random-access documents.
 
-Local corpora (stdlib, text files) up to 2 GB are held in memory: their
-documents are sorted by path and empty files are dropped; larger ones are read
-lazily in their stored (sorted-path) order. A TFDS dataset is read
+Local corpora (stdlib, text files) up to 2 GB are held in memory: the documents
+of a split (or of a slice such as `validation[:50%]`, which TFDS takes in stored
+order) are sorted by path and empty files are dropped; larger ones are read
+lazily in their stored order (train: sorted paths; validation: the order that
+makes its halves exchangeable, see loco.data.corpus). A TFDS dataset is read
 lazily through `tfds.data_source` (ArrayRecord, no TensorFlow); loco never
 downloads or prepares it.
 """
@@ -117,7 +119,7 @@ def _read_corpus(cfg: config_lib.DataConfig, spec: corpus.CorpusSpec,
     ) from e
   name = f'{cfg.source} corpus ({spec.description}) split {split!r}'
   if fp['bytes'] > IN_MEMORY_MAX_BYTES:
-    # Stored in sorted-path order already; read lazily like any TFDS dataset.
+    # Read lazily like any TFDS dataset, in stored order.
     return TfdsDocuments(name=name, identity=f'{fp["sha256"]}:{split}',
                          source=source, text_key='text')
   records = source.__getitems__(list(range(len(source))))
