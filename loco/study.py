@@ -1,0 +1,368 @@
+"""The equal-budget protocol: tune, pick, run finals, score, compare.
+
+A study compares methods (`Method`: fixed keys plus one knob of their own) at equal
+tokens and equal tuning budgets. Every method gets the same budget by construction:
+
+1. the shared inner-lr grid (`Budget.inner_lrs`, three values) at the middle of its own
+   knob's grid;
+2. its own knob's other two values at the best inner lr of step 1 (a method without a
+   knob of its own gets the inner-lr grid extended one step at each end instead), so
+   five settings each;
+3. once: where the best of those sits at the edge of a knob's grid, one more step past
+   that edge (the DiLoCo scaling-law paper's rule, arXiv 2503.09799: extend until the
+   minimum is interior), if the knob's range allows it.
+
+Each setting trains once (`Budget.tune_seed`) and is scored by its final eval loss on
+the tuning split (the in-loop eval, whose windows cover the split). The pick, the lowest
+final loss (a diverged setting scores +inf), then trains at every seed of `Budget.seeds`
+(distinct from the tuning seed) per final (`Final`: a method at its pick, with some keys
+changed), and each final model is scored by `loco.evaluate` on `Budget.score_batches` x
+16 windows of the final split, per window with its document. Runs of one seed share the
+init and data order across methods, so finals compare paired by seed (`compare`).
+Warm-up is `Budget.warmup_frac` of each run's own length.
+
+Runs are `loco.sweep` runs under OUT/tune/METHOD/LABEL and OUT/final/FINAL/seedS: the
+same call resumes after an interruption and skips what is finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from loco import evaluate
+from loco import runs as runs_lib
+from loco import stats
+from loco.errors import LocoError
+from loco.sweep import Run, run_sweep
+
+LR = 'optimizer.lr'
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+  """A method's own knob: its config key, a grid of three ascending values, and the
+  open/closed range an edge extension must stay in."""
+  key: str
+  values: tuple[float, float, float]
+  low: float = 0.0              # extensions stay > low (or >= with low_closed)
+  high: float = math.inf        # and <= high
+  low_closed: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  name: str
+  keys: Mapping[str, Any]
+  knob: Knob | None = None      # None: the inner lr is its only knob
+  h1: bool = False              # one step per communication: the shorter runs
+
+
+@dataclasses.dataclass(frozen=True)
+class Final:
+  """A method at its pick with some keys changed (a variant), run at every seed."""
+  name: str
+  method: str
+  keys: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+  base: str                             # the config file every run starts from
+  steps: int                            # a run with H > 1
+  steps_h1: int                         # a run at one step per communication
+  common: Mapping[str, Any]             # keys of every run (seq_len, eval, logging, ...)
+  inner_lrs: tuple[float, float, float]
+  seeds: tuple[int, ...]
+  tune_seed: int = 0
+  tuning_split: str = 'validation[:50%]'
+  final_split: str = 'validation[50%:]'
+  score_batches: int = 512              # loco.evaluate batches of 16 for the finals
+  warmup_frac: float = 1 / 6
+
+
+def label(setting: Mapping[str, Any]) -> str:
+  return '_'.join(f'{k.split(".")[-1]}{v:g}' if isinstance(v, float) else
+                  f'{k.split(".")[-1]}{v}' for k, v in setting.items()) or 'default'
+
+
+def run_keys(method: Method, budget: Budget) -> dict[str, Any]:
+  steps = budget.steps_h1 if method.h1 else budget.steps
+  return {**budget.common, 'steps': steps,
+          'optimizer.warmup_steps': int(round(budget.warmup_frac * steps)), **method.keys}
+
+
+def _extend(values: Sequence[float], upward: bool, geometric: bool) -> float:
+  a, b = (values[-2], values[-1]) if upward else (values[1], values[0])
+  return b * (b / a) if geometric else b + (b - a)
+
+
+def _allowed(knob: Knob, x: float) -> bool:
+  return (x >= knob.low if knob.low_closed else x > knob.low) and x <= knob.high
+
+
+def settings(method: Method, budget: Budget,
+             scores: Mapping[str, float]) -> tuple[list[dict[str, Any]], bool]:
+  """The settings `method` has to have trained so far, given the tuning scores known
+  (label -> final loss), and whether its tuning is complete (see the module doc)."""
+  lrs, knob = list(budget.inner_lrs), method.knob
+  mid = {} if knob is None else {knob.key: knob.values[1]}
+  out = [{LR: lr, **mid} for lr in lrs]
+  if any(label(s) not in scores for s in out):
+    return out, False
+  best_lr = min(out, key=lambda s: scores[label(s)])[LR]
+  if knob is None:
+    out += [{LR: _extend(lrs, False, True)}, {LR: _extend(lrs, True, True)}]
+  else:
+    out += [{LR: best_lr, knob.key: v} for v in (knob.values[0], knob.values[2])]
+  if any(label(s) not in scores for s in out):
+    return out, False
+  pick = min(out, key=lambda s: scores[label(s)])
+  tried_lrs = sorted({s[LR] for s in out})
+  more = []
+  if pick[LR] in (tried_lrs[0], tried_lrs[-1]):
+    more.append({**pick, LR: _extend(tried_lrs, pick[LR] == tried_lrs[-1], True)})
+  if knob is not None and pick[knob.key] in (knob.values[0], knob.values[2]):
+    x = _extend(knob.values, pick[knob.key] == knob.values[2], False)
+    if _allowed(knob, x):
+      more.append({**pick, knob.key: x})
+  out += more
+  return out, all(label(s) in scores for s in out)
+
+
+def _final_loss(workdir: str) -> float | None:
+  """A tuning run's score: its last eval loss (+inf if it diverged), None if unfinished."""
+  if not os.path.isdir(workdir):
+    return None
+  run = runs_lib.read_run(workdir)
+  if run.status == 'diverged':
+    return math.inf
+  if run.status != 'finished':
+    return None
+  evals = [r['eval_loss'] for r in run.metrics if 'eval_loss' in r]
+  if not evals or run.metrics[-1].get('eval_loss') is None:
+    raise LocoError(f'{workdir} finished without an eval at its last step; tuning needs '
+                    'eval.every to divide steps.')
+  return float(evals[-1])
+
+
+def tuning_run(method: Method, budget: Budget, setting: Mapping[str, Any]) -> Run:
+  return Run(f'{method.name}/{label(setting)}', budget.base,
+             {**run_keys(method, budget), **setting, 'data.eval_split': budget.tuning_split,
+              'seed': budget.tune_seed})
+
+
+def _known(tune_dir: str, method: Method, budget: Budget
+           ) -> tuple[list[dict[str, Any]], bool, dict[str, float]]:
+  """(the settings wanted so far, whether tuning is complete, label -> score)."""
+  known: dict[str, float] = {}
+  while True:
+    wanted, complete = settings(method, budget, known)
+    new = False
+    for s in wanted:
+      if label(s) not in known:
+        loss = _final_loss(os.path.join(tune_dir, method.name, label(s)))
+        if loss is not None:
+          known[label(s)], new = loss, True
+    if complete or not new:
+      return wanted, complete, known
+
+
+def tune(out: str, methods: Sequence[Method], budget: Budget, parallel: int = 1,
+         train: bool = True) -> dict[str, dict[str, Any]]:
+  """Trains the tuning stages in OUT/tune until every method's budget is spent; returns
+  method -> {setting, label, loss, grid: [(label, loss)], edge: the knobs whose pick is
+  still at the edge of what was tried}.
+
+  Raises:
+    LocoError: a tuning run failed, every setting of a method diverged, or (with
+      `train=False`) a tuning run is not finished.
+  """
+  tune_dir = os.path.join(out, 'tune')
+  tried: set[str] = set()
+  while True:
+    plan = {m.name: (m, *_known(tune_dir, m, budget)) for m in methods}
+    todo = [tuning_run(m, budget, s) for m, wanted, complete, known in plan.values()
+            if not complete for s in wanted if label(s) not in known]
+    if not todo:
+      break
+    if not train:
+      raise LocoError(f'{len(todo)} tuning runs are not finished in {tune_dir}.')
+    if tried >= {r.name for r in todo}:   # a sweep ran them and they did not finish
+      raise LocoError(f'tuning runs failed in {tune_dir}: '
+                      f'{", ".join(sorted(r.name for r in todo))} (see their log.txt); '
+                      'fix them and run the same command again (loco.sweep '
+                      '--retry_failed re-runs failed ones).')
+    tried |= {r.name for r in todo}
+    # Every setting wanted so far (finished ones are skipped), so that sweep.json lists
+    # the whole tuning sweep.
+    everything = [tuning_run(m, budget, s) for m, wanted, _, _ in plan.values()
+                  for s in wanted]
+    code = run_sweep(everything, tune_dir, parallel, report=False)
+    if code == 130:
+      raise KeyboardInterrupt
+  picks = {}
+  for m, wanted, _, known in plan.values():
+    pick = min(wanted, key=lambda s: known[label(s)])
+    if not math.isfinite(known[label(pick)]):
+      raise LocoError(f'every tuning run of {m.name} diverged in {tune_dir}.')
+    keys = [LR] + ([m.knob.key] if m.knob else [])
+    edge = [k for k in keys
+            if pick[k] in (min(s[k] for s in wanted), max(s[k] for s in wanted))]
+    picks[m.name] = dict(setting=pick, label=label(pick), loss=known[label(pick)],
+                         grid=[(label(s), known[label(s)]) for s in wanted], edge=edge)
+  return picks
+
+
+def final_runs(methods: Sequence[Method], finals: Sequence[Final], budget: Budget,
+               picks: Mapping[str, Mapping[str, Any]]) -> list[Run]:
+  by_name = {m.name: m for m in methods}
+  return [Run(f'{f.name}/seed{seed}', budget.base,
+              {**run_keys(by_name[f.method], budget), **picks[f.method]['setting'],
+               **f.keys, 'data.eval_split': budget.final_split, 'seed': seed})
+          for f in finals for seed in budget.seeds]
+
+
+def score_finals(out: str, finals: Sequence[Final], budget: Budget) -> None:
+  """Scores every finished final with loco.evaluate (kept in RUN/evals; redone only
+  after more training)."""
+  for f in finals:
+    for seed in budget.seeds:
+      d = os.path.join(out, 'final', f.name, f'seed{seed}')
+      if not os.path.isdir(d) or runs_lib.read_run(d).status != 'finished':
+        continue
+      scored = runs_lib.read_json_object(
+          evaluate.result_path(d, budget.final_split, budget.score_batches, 16))
+      if (scored or {}).get('step') != runs_lib.read_run(d).last.get('step'):
+        evaluate.evaluate_run(d, budget.score_batches, 16, budget.final_split)
+
+
+@dataclasses.dataclass
+class Group:
+  """One final over its seeds: per seed its score and per-window losses."""
+  name: str
+  losses: dict[int, float]                   # seed -> final model's loss on the final split
+  windows: dict[int, np.ndarray]             # seed -> per-window losses
+  docs: np.ndarray | None                    # the windows' documents (shared)
+  bytes_sent: float                          # per worker, mean over seeds
+  bytes_received: float
+  peak_bytes: float
+  curves: list[list[tuple[float, float]]]    # per seed: (tokens, eval loss) while training
+  runs: list[runs_lib.Run]
+
+  @property
+  def values(self) -> list[float]:
+    return [self.losses[s] for s in sorted(self.losses)]
+
+  @property
+  def mean(self) -> float:
+    return float(np.mean(self.values))
+
+  @property
+  def std(self) -> float:
+    return float(np.std(self.values, ddof=1)) if len(self.values) > 1 else math.nan
+
+  def text(self) -> str:
+    return f'{self.mean:.4f} ± {self.std:.4f}'
+
+  def per_seed(self) -> str:
+    return ', '.join(f'{self.losses[s]:.4f}' for s in sorted(self.losses))
+
+
+def groups(out: str, finals: Sequence[Final], budget: Budget) -> dict[str, Group]:
+  result = {}
+  for f in finals:
+    losses, windows, docs, done = {}, {}, None, []
+    for seed in budget.seeds:
+      d = os.path.join(out, 'final', f.name, f'seed{seed}')
+      if not os.path.isdir(d):
+        continue
+      run = runs_lib.read_run(d)
+      scored = runs_lib.read_json_object(
+          evaluate.result_path(d, budget.final_split, budget.score_batches, 16))
+      if run.status != 'finished' or not scored or scored.get('step') != run.last.get('step'):
+        continue
+      losses[seed] = float(scored['loss'])
+      windows[seed] = np.asarray(scored['window_losses'], np.float64).ravel()
+      docs = np.asarray(scored['window_docs']).ravel()
+      done.append(run)
+    if not done:
+      continue
+    mean = lambda key: float(np.mean([r.last.get(key) or 0.0 for r in done]))  # noqa: E731
+    curves = [[(r['tokens'], r['eval_loss']) for r in run.metrics if 'eval_loss' in r]
+              for run in done]
+    result[f.name] = Group(f.name, losses, windows, docs, mean('bytes_sent'),
+                           mean('bytes_received'), mean('peak_bytes'), curves, done)
+  return result
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+  """a - b (minus a margin) over the seeds both have, paired by seed, and Welch."""
+  paired: stats.TTest | None
+  welch: stats.TTest | None
+  eval_se: float | None       # the eval windows' own SE of the mean difference,
+                              # clustered by document (held-out text, not seeds)
+  margin: float
+
+  @property
+  def ci(self) -> tuple[float, float] | None:
+    test = self.paired or self.welch
+    return test.ci if test else None
+
+  def verdict(self) -> str:
+    """Whether a - b < margin: from the paired test's 95% CI (Welch without pairs)."""
+    return 'inconclusive' if self.ci is None else stats.verdict(self.ci, claim='less')
+
+  def text(self) -> str:
+    test = self.paired or self.welch
+    if test is None:
+      return 'fewer than 2 seeds'
+    extra = f'; Welch p = {self.welch.p:.3f}' if self.paired and self.welch else ''
+    se = f'; eval SE {self.eval_se:.4f}' if self.eval_se is not None else ''
+    return f'{test.describe()}{extra}{se}'
+
+
+def compare(a: Group, b: Group, margin: float = 0.0) -> Comparison:
+  """a - b - margin (nats): paired by seed over the seeds both finished, Welch over all."""
+  shared = sorted(set(a.losses) & set(b.losses))
+  shift = lambda xs: [x - margin for x in xs]  # noqa: E731
+  paired = (stats.paired_t(shift([a.losses[s] for s in shared]),
+                           [b.losses[s] for s in shared]) if len(shared) >= 2 else None)
+  welch = (stats.welch_t(shift(a.values), b.values)
+           if len(a.losses) >= 2 and len(b.losses) >= 2 else None)
+  eval_se = None
+  if shared and a.docs is not None and b.docs is not None and len(a.docs) == len(b.docs):
+    wa = np.mean([a.windows[s] for s in shared], axis=0)
+    wb = np.mean([b.windows[s] for s in shared], axis=0)
+    if len(np.unique(a.docs)) >= 2:
+      eval_se = stats.paired_clustered(wa, wb, a.docs)[1]
+  return Comparison(paired, welch, eval_se, margin)
+
+
+def seconds_to(curves: Sequence[Sequence[tuple[float, float]]], target: float
+               ) -> list[float | None]:
+  """Per curve [(x, loss)]: the first x at which the loss reaches `target` (linear
+  between evals), None if never."""
+  return [stats.time_to_target([x for x, _ in c], [y for _, y in c], target)
+          for c in curves]
+
+
+def run_all(out: str, methods: Sequence[Method], finals: Sequence[Final], budget: Budget,
+            parallel: int = 1, retimes: Mapping[str, Mapping[str, Any]] | None = None,
+            train: bool = True) -> tuple[dict[str, Any], dict[str, Group]]:
+  """Tunes, runs the finals, scores them; returns (picks, groups)."""
+  picks = tune(out, methods, budget, parallel, train)
+  if train:
+    code = run_sweep(final_runs(methods, finals, budget, picks),
+                     os.path.join(out, 'final'), parallel, report=False,
+                     retimes=dict(retimes or {}))
+    if code == 130:
+      raise KeyboardInterrupt
+    score_finals(out, finals, budget)
+  return picks, groups(out, finals, budget)
+

@@ -1,0 +1,172 @@
+"""loco.study: equal budgets by construction, picks on fake results whose best setting is
+known, and the paired comparison of finals."""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from loco import study
+from loco.errors import LocoError
+
+BUDGET = study.Budget(base='experiments/micro.py:ddp', steps=60, steps_h1=30,
+                      common={'seq_len': 64}, inner_lrs=(1.5e-3, 3e-3, 6e-3), seeds=(1, 2, 3))
+OUTER = study.Knob('algorithm.outer_lr', (0.5, 0.7, 1.0))
+STEP = study.Knob('algorithm.gossip_step', (0.25, 0.5, 1.0), high=1.0)
+
+
+def _bowl(best_lr, best_knob=None, key=OUTER.key):
+  """A loss whose minimum over (log lr, knob) is at (best_lr, best_knob)."""
+  def loss(s):
+    x = (math.log2(s[study.LR] / best_lr)) ** 2
+    return 2.0 + 0.01 * x + (0.0 if best_knob is None else 0.05 * (s[key] - best_knob) ** 2)
+  return loss
+
+
+def _tune_by_hand(method, loss):
+  """Feeds `settings` the scores of `loss` until its budget is spent."""
+  scores = {}
+  while True:
+    wanted, complete = study.settings(method, BUDGET, scores)
+    if complete:
+      return wanted, scores
+    for s in wanted:
+      scores.setdefault(study.label(s), loss(s))
+
+
+def _pick(wanted, scores):
+  return min(wanted, key=lambda s: scores[study.label(s)])
+
+
+def test_an_interior_optimum_costs_five_settings_and_is_picked():
+  m = study.Method('diloco', {}, OUTER)
+  wanted, scores = _tune_by_hand(m, _bowl(3e-3, 0.7))
+  assert len(wanted) == 5
+  assert [s[study.LR] for s in wanted[:3]] == [1.5e-3, 3e-3, 6e-3]        # at knob 0.7
+  assert all(s[OUTER.key] == 0.7 for s in wanted[:3])
+  assert {s[OUTER.key] for s in wanted[3:]} == {0.5, 1.0}                 # at the best lr
+  assert all(s[study.LR] == 3e-3 for s in wanted[3:])
+  assert _pick(wanted, scores) == {study.LR: 3e-3, OUTER.key: 0.7}
+
+
+def test_an_edge_pick_is_extended_once_on_each_knob_at_its_edge():
+  m = study.Method('diloco', {}, OUTER)
+  wanted, scores = _tune_by_hand(m, _bowl(20e-3, 2.0))     # both optima past the grid
+  assert len(wanted) == 7
+  extra = wanted[5:]
+  assert {study.LR: 12e-3, OUTER.key: 1.0} in extra                     # lr x 2
+  assert {study.LR: 6e-3, OUTER.key: pytest.approx(1.3)} in extra       # knob + its step
+  # Once: the extension's winner is not extended again.
+  assert _pick(wanted, scores)[study.LR] in (6e-3, 12e-3)
+
+
+def test_an_extension_outside_the_knobs_range_is_not_run():
+  m = study.Method('dadamw', {}, STEP)
+  wanted, _ = _tune_by_hand(m, _bowl(3e-3, 1.0, STEP.key))
+  assert len(wanted) == 5 and max(s[STEP.key] for s in wanted) == 1.0   # 1.5 > high
+
+
+def test_a_method_without_a_knob_gets_five_inner_lrs():
+  m = study.Method('ddp', {})
+  wanted, scores = _tune_by_hand(m, _bowl(0.5e-3))
+  lrs = [s[study.LR] for s in wanted]
+  assert lrs[:5] == [1.5e-3, 3e-3, 6e-3, 0.75e-3, 12e-3]
+  assert lrs[5:] == [0.375e-3]                # the pick 0.75e-3 is at the low edge
+  assert _pick(wanted, scores)[study.LR] == 0.375e-3
+
+
+def test_every_method_has_the_same_budget_before_extensions():
+  """Five settings each when the optimum is interior, whatever the method's knob."""
+  cases = [(study.Method('a', {}), _bowl(3e-3)),
+           (study.Method('b', {}, OUTER), _bowl(3e-3, 0.7)),
+           (study.Method('c', {}, STEP), _bowl(3e-3, 0.5, STEP.key))]
+  assert [len(_tune_by_hand(m, loss)[0]) for m, loss in cases] == [5, 5, 5]
+
+
+def test_warm_up_scales_with_each_runs_length():
+  h15 = study.run_keys(study.Method('a', {}), BUDGET)
+  h1 = study.run_keys(study.Method('b', {}, h1=True), BUDGET)
+  assert h15['steps'] == 60 and h15['optimizer.warmup_steps'] == 10
+  assert h1['steps'] == 30 and h1['optimizer.warmup_steps'] == 5
+
+
+def _fake_run(path, steps, loss, status='finished', diverged=False):
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, 'config.json'), 'w') as f:
+    json.dump({'config': {'steps': steps}}, f)
+  with open(os.path.join(path, 'metrics.jsonl'), 'w') as f:
+    f.write(json.dumps({'step': steps, 'tokens': 10 * steps, 'train_loss': 3.0,
+                        'eval_loss': loss}) + '\n')
+  with open(os.path.join(path, 'status.json'), 'w') as f:
+    json.dump({'state': status}, f)
+  if diverged:
+    with open(os.path.join(path, 'diverged.json'), 'w') as f:
+      json.dump({'step': steps, 'message': 'diverged'}, f)
+
+
+def test_tune_reads_the_runs_and_picks_the_known_best(tmp_path):
+  """Runs written by hand (no training): the pick is the known best, a diverged setting
+  scores +inf, and unfinished runs are refused without training."""
+  m = study.Method('diloco', {}, OUTER)
+  loss = _bowl(6e-3, 0.5)
+  out = str(tmp_path)
+  with pytest.raises(LocoError, match='3 tuning runs are not finished'):
+    study.tune(out, [m], BUDGET, train=False)
+  for _ in range(3):   # the stages appear as earlier ones finish
+    wanted, _, known = study._known(os.path.join(out, 'tune'), m, BUDGET)
+    for s in wanted:
+      if study.label(s) not in known:
+        diverged = s == {study.LR: 1.5e-3, OUTER.key: 0.7}
+        _fake_run(os.path.join(out, 'tune', 'diloco', study.label(s)), BUDGET.steps,
+                  float('nan') if diverged else loss(s),
+                  'failed' if diverged else 'finished', diverged)
+  picks = study.tune(out, [m], BUDGET, train=False)['diloco']
+  grid = dict(picks['grid'])
+  assert grid[study.label({study.LR: 1.5e-3, OUTER.key: 0.7})] == math.inf
+  # The best lr (6e-3) and knob (0.5) are both at their grid's edge: one step further on
+  # each was tried (12e-3; 0.3) and lost, so the pick is interior after extension.
+  assert picks['setting'] == {study.LR: 6e-3, OUTER.key: 0.5}
+  assert len(picks['grid']) == 7 and picks['edge'] == []
+
+
+def _group(name, losses, windows=None, docs=None):
+  return study.Group(name, dict(zip((1, 2, 3), losses)),
+                     {} if windows is None else dict(zip((1, 2, 3), windows)),
+                     docs, 0.0, 0.0, 0.0, [], [])
+
+
+def test_compare_pairs_by_seed_and_reports_welch_and_the_eval_se():
+  """Seed 1 is hard for both methods: pairing removes it, Welch cannot."""
+  a = _group('a', [2.10, 2.00, 2.02])
+  b = _group('b', [2.05, 1.96, 1.97])
+  c = study.compare(a, b)
+  d = np.array([0.05, 0.04, 0.05])
+  se = d.std(ddof=1) / math.sqrt(3)
+  assert c.paired.estimate == pytest.approx(d.mean())
+  assert c.paired.se == pytest.approx(se)
+  assert c.paired.df == 2 and c.welch.df < 4
+  assert c.paired.p < 0.01 < c.welch.p           # the pairing is what makes it decisive
+  assert c.verdict() == 'not reproduced'         # a - b < 0 is refuted
+  # A margin in nats moves the bound: a within 0.07 nats of b holds.
+  assert study.compare(a, b, margin=0.07).verdict() == 'reproduced'
+  assert study.compare(a, b, margin=0.045).verdict() == 'inconclusive'
+
+
+def test_compare_clusters_the_eval_se_by_document():
+  docs = np.array([0, 0, 1, 1, 2, 2])
+  wa = [np.array([2.0, 2.2, 1.0, 1.1, 3.0, 3.1])] * 3
+  wb = [np.array([1.9, 2.0, 1.0, 1.0, 3.1, 3.1])] * 3
+  a = _group('a', [2.0, 2.1, 2.2], wa, docs)
+  b = _group('b', [1.9, 2.0, 2.1], wb, docs)
+  diff = wa[0] - wb[0]
+  r = diff - diff.mean()
+  sums = [r[0] + r[1], r[2] + r[3], r[4] + r[5]]
+  expected = math.sqrt(3 / 2 * sum(x * x for x in sums) / 36)
+  assert study.compare(a, b).eval_se == pytest.approx(expected)
+
+
+def test_time_to_target_per_seed():
+  curves = [[(0.0, 3.0), (10.0, 2.0)], [(0.0, 3.0), (10.0, 2.6)]]
+  assert study.seconds_to(curves, 2.5) == [pytest.approx(5.0), None]
