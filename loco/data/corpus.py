@@ -84,8 +84,10 @@ SPLIT_RULE = (
     'family = top-level package or module (stdlib; inside test/, the test module or '
     'package) or the file (text); families with <= 64 KB (stdlib) drawn in '
     'int(sha256(family)[:8 bytes]) order into validation until it holds 5% of the '
-    'bytes (at least one family in each split); validation stored as whole families '
-    'in that order, the first half filled to round(n/2) documents; train sorted by path')
+    'bytes (at least one family in each split); validation stored as two halves of '
+    'whole families, the first round(n/2) documents: families (most documents first, '
+    'then hash order) dealt to the half with fewer bytes of their stratum (stdlib: '
+    'test/ or library) that has room; train sorted by path')
 _SKIP_DIRS = ('site-packages', 'dist-packages', '__pycache__')
 
 
