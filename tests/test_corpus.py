@@ -202,3 +202,18 @@ def test_the_stdlib_validation_halves_are_alike(stdlib_docs):
   assert abs(n0 - n1) / (n0 + n1) < 0.1
   assert abs(t0 - t1) < 0.1
   assert abs(z0 - z1) < 0.04
+
+
+def test_the_composition_script_prints_every_split_and_reason(tmp_path, capsys):
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      'scripts', 'corpus_composition.py')
+  spec = importlib.util.spec_from_file_location('corpus_composition', path)
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  glob = _write(str(tmp_path / 'c'), {f'd{i}.py': _code(f'd{i}') for i in range(6)})
+  assert script.main([f'--text_glob={glob}', f'--data_dir={tmp_path / "d"}']) == 0
+  out = capsys.readouterr().out
+  for row in ('| train | ', '| validation | ', '| validation[:50%] | ',
+              '| validation[50%:] | ', *(f'| {r} | ' for r in clean.REASONS)):
+    assert row in out, row

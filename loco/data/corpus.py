@@ -20,16 +20,18 @@ family, a test module or test package (`test/test_email/...`). In a text corpus
 each file is its own family. Families are drawn in the order of a hash of their
 name until validation holds 5% of the bytes. In the stdlib only families up to
 MAX_VALIDATION_FAMILY_BYTES (64 KB) are drawn: the halves of validation hold
-about 0.7 MB each, and one 300 KB test module would be 40% of one half (the old
-split had one 144 KB file, turtle.py, supply 73% of an eval); larger families
-(idlelib, unittest, test_typing.py, ...) are always trained on.
+about 0.7 MB each, and one 300 KB test module would be 40% of one half; with
+the cap no document is more than about 8% of a half. Larger families (idlelib,
+unittest, test_typing.py, ...) are always trained on.
 
 Validation order: experiments tune on `validation[:50%]` and report finals on
 `validation[50%:]` (TFDS slices by document index), so the stored order makes
-the halves exchangeable: whole families, in hash order, fill the first half up
-to TFDS's boundary (round(n / 2)) and the rest form the second half. Each half
-is a random set of whole families; the order is a pure function of the file
-list. The training split is stored in sorted-path order.
+the halves exchangeable: whole families, each half filled to TFDS's boundary
+(round(n / 2) documents), dealt in hash order (families with more documents
+first) to the half with fewer bytes of the family's stratum so far (stdlib:
+tests or library code). So the halves are disjoint sets of whole families with
+about the same bytes of tests and of library code; the order is a pure
+function of the file list. The training split is stored in sorted-path order.
 
 A matched file whose first 8 KB hold a NUL byte or are not valid UTF-8 is binary:
 it is skipped, with one warning line on stderr that counts the skipped files and
@@ -82,8 +84,10 @@ SPLIT_RULE = (
     'family = top-level package or module (stdlib; inside test/, the test module or '
     'package) or the file (text); families with <= 64 KB (stdlib) drawn in '
     'int(sha256(family)[:8 bytes]) order into validation until it holds 5% of the '
-    'bytes (at least one family in each split); validation stored as whole families '
-    'in that order, the first half filled to round(n/2) documents; train sorted by path')
+    'bytes (at least one family in each split); validation stored as two halves of '
+    'whole families, the first round(n/2) documents: families (most documents first, '
+    'then hash order) dealt to the half with fewer bytes of their stratum (stdlib: '
+    'test/ or library) that has room; train sorted by path')
 _SKIP_DIRS = ('site-packages', 'dist-packages', '__pycache__')
 
 
