@@ -28,6 +28,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from loco.errors import CheckpointError
+from loco.runs import CHECKPOINTS
 
 PyTree = Any
 ITEMS = ('state', 'data', 'host')
@@ -111,8 +112,8 @@ def read_named_state(path: str) -> tuple[str, dict[str, Any]]:
   step = None
   if re.fullmatch(r'\d+', os.path.basename(path)) and os.path.isdir(path):
     path, step = os.path.dirname(path), int(os.path.basename(path))
-  elif os.path.isdir(os.path.join(path, 'checkpoints')):
-    path = os.path.join(path, 'checkpoints')
+  elif os.path.isdir(os.path.join(path, CHECKPOINTS)):
+    path = os.path.join(path, CHECKPOINTS)
   if not os.path.isdir(path):
     raise CheckpointError(f'init_from: {path} does not exist.')
   manager = ocp.CheckpointManager(path, item_names=ITEMS,

@@ -54,11 +54,6 @@ class ReportError(LocoError):
   """Nothing to report (no runs under the paths); printed as one line."""
 
 
-def error_line(log_path: str) -> str | None:
-  """The last `loco: error:` line of the latest attempt in a run's log.txt."""
-  return runs.read_error_line(os.path.dirname(log_path))
-
-
 def is_workdir(path: str) -> bool:
   return runs.is_run(path)
 

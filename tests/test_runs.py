@@ -9,7 +9,6 @@ so nothing trains.
 import io
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
