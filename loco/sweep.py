@@ -370,6 +370,8 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
   retimes = retimes or {}
   if parallel < 1:
     raise SweepError(f'--parallel must be >= 1, got {parallel}.')
+  if not dry_run:
+    cli.check_output_dir(out)     # a file or a read-only place: one line, nothing started
   cmds = {r.name: command(r, os.path.join(out, r.name), extra) for r in runs}
   plans = {r.name: _plan(r, cmds[r.name], os.path.join(out, r.name), retry_failed)
            for r in runs}
@@ -379,7 +381,6 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
       say(f're-time finished synchronous runs on: {", ".join(retimes)}')
     return _dry_run(runs, cmds, plans, width, say)
 
-  cli.check_output_dir(out)
   lock = open(os.path.join(out, runs_lib.LOCK), 'w')
   try:
     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -500,6 +500,15 @@ def test_a_bad_spec_is_one_line_and_starts_nothing(tmp_path, capsys, body, messa
   assert not os.path.exists(tmp_path / 'out')
 
 
+def test_a_sweep_out_that_is_a_file_is_one_line(tmp_path, capsys):
+  spec = _spec_file(tmp_path, "[Run('a', 'experiments/tiny_ddp.py')]")
+  out = tmp_path / 'out'
+  out.write_text('keep me')
+  code = sweep.main([spec, f'--out={out}', '--no_report'])
+  assert _one_error(capsys, 'loco.sweep', code) == f'--out {out} is a file, not a directory.'
+  assert out.read_text() == 'keep me'
+
+
 def test_a_bad_spec_on_the_real_command_line(tmp_path):
   spec = _spec_file(tmp_path, '[Run(None, "x.py")]')
   proc = subprocess.run([sys.executable, '-m', 'loco.sweep', spec, f'--out={tmp_path / "o"}'],
