@@ -272,7 +272,7 @@ def _plan(run: Run, cmd: list[str], workdir: str, retry_failed: bool) -> tuple[s
   status = read_status(workdir)
   if status is None:
     return ('resume', 'no status.json') if os.path.isdir(workdir) else ('start', '')
-  changed = status.get('command', [])[1:] != cmd[1:]   # the interpreter may differ by host
+  changed = (status.get('command') or [])[1:] != cmd[1:]   # the interpreter may differ
   if status.get('state') == 'finished':
     note = ' (with a different command; delete its workdir to re-run)' if changed else ''
     return 'skip', f'finished before{note}'
