@@ -338,6 +338,22 @@ def _bytes(x):
   return f'{x:.0f} B'
 
 
+# What a byte count in metrics.jsonl measures, for ratios that say which they compare.
+BYTES_WHAT = {'bytes_sent': 'bytes sent', 'bytes_received': 'bytes received',
+              'peak_bytes': 'peak bytes sent per step'}
+
+
+def fewer(reference: float, value: float, key: str = 'bytes_sent') -> str:
+  """'12.0x fewer bytes sent': how many times fewer `key`'s bytes (bytes_sent,
+  bytes_received or peak_bytes, per worker) `value` has than `reference`, saying which;
+  '—' when either is unknown."""
+  if not (_finite(reference) and _finite(value)) or value <= 0:
+    return '—'
+  ratio = reference / value
+  word = 'fewer' if ratio >= 1 else 'more'
+  return f'{max(ratio, 1 / ratio):,.1f}x {word} {BYTES_WHAT[key]}'
+
+
 def _seconds(x):
   return f'{x:,.1f}' if _finite(x) and x > 0 else '—'
 

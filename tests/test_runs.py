@@ -466,6 +466,13 @@ def test_report_shows_bytes_sent_and_received(tmp_path):
   assert 'bytes received / worker' in stream.getvalue()
 
 
+def test_ratios_say_what_they_compare():
+  assert report.fewer(1200.0, 100.0) == '12.0x fewer bytes sent'
+  assert report.fewer(100.0, 400.0, 'bytes_received') == '4.0x more bytes received'
+  assert report.fewer(8.0, 4.0, 'peak_bytes') == '2.0x fewer peak bytes sent per step'
+  assert report.fewer(None, 4.0) == report.fewer(4.0, 0.0) == '—'
+
+
 # ---- loco.sweep: bad specs ---------------------------------------------------------------
 
 def _spec_file(tmp_path, body):
