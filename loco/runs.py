@@ -64,9 +64,9 @@ NUM_KINDS = 4     # loco.comm.KINDS: none, all-reduce, all-gather, gossip
 # Cumulative bytes in metrics.jsonl and the sum over comms.jsonl agree to rounding.
 _BYTES_RTOL = 1e-6
 
-# orbax writes one of these into a step folder before the rename that commits it
-# (`commit_success.txt` since 0.11, `_CHECKPOINT_METADATA` before), so a bare
-# `checkpoints/45/` (a copy cut short, a crash of another tool) is not a checkpoint.
+# orbax (0.12) writes both into a step folder before the rename that commits it; either
+# one counts, so that a bare `checkpoints/45/` (a copy cut short, a crash of another
+# tool) is not taken for a checkpoint.
 _COMMIT_MARKERS = ('commit_success.txt', '_CHECKPOINT_METADATA')
 
 
