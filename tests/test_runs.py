@@ -527,7 +527,7 @@ def test_a_bad_spec_on_the_real_command_line(tmp_path):
   bad = subprocess.run([sys.executable, '-m', 'loco.sweep', spec, '--parallel=0'],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
   assert bad.returncode == 2 and bad.stderr.splitlines() == [
-      "python -m loco.sweep: error: argument --parallel: '0' must be at least 1 (see --help)"]
+      "loco.sweep: error: argument --parallel: '0' must be at least 1 (see --help)"]
   assert not os.path.exists(tmp_path / 'o')
 
 
