@@ -28,6 +28,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from loco.errors import CheckpointError
+from loco import runs
+from loco.runs import CHECKPOINTS
 
 PyTree = Any
 ITEMS = ('state', 'data', 'host')
@@ -112,8 +114,8 @@ def read_named_state(path: str, what: str = 'init_from') -> tuple[str, dict[str,
   step = None
   if re.fullmatch(r'\d+', os.path.basename(path)) and os.path.isdir(path):
     path, step = os.path.dirname(path), int(os.path.basename(path))
-  elif os.path.isdir(os.path.join(path, 'checkpoints')):
-    path = os.path.join(path, 'checkpoints')
+  elif os.path.isdir(os.path.join(path, CHECKPOINTS)):
+    path = os.path.join(path, CHECKPOINTS)
   if os.path.exists(path) and not os.path.isdir(path):
     raise CheckpointError(f'{what}: {path} is a file, not a run directory or a checkpoint '
                           'folder.')
@@ -137,26 +139,9 @@ def read_named_state(path: str, what: str = 'init_from') -> tuple[str, dict[str,
     manager.close()
 
 
-# Orbax writes this file into a step folder when it finalizes the step: a folder without
-# it (or without one of the items) is an interrupted save or an interrupted copy.
-_COMMITTED = '_CHECKPOINT_METADATA'
 INCOMPLETE = '.incomplete'
-
-
-def is_committed(step_dir: str) -> bool:
-  """Whether `checkpoints/<step>/` holds a checkpoint orbax finished writing."""
-  return (os.path.isfile(os.path.join(step_dir, _COMMITTED))
-          and all(os.path.isdir(os.path.join(step_dir, item)) for item in ITEMS))
-
-
-def committed_steps(directory: str) -> list[int]:
-  """The steps in a `checkpoints/` folder whose checkpoint is complete, ascending."""
-  try:
-    names = os.listdir(directory)
-  except FileNotFoundError:
-    return []
-  return sorted(int(n) for n in names
-                if n.isdigit() and is_committed(os.path.join(directory, n)))
+is_committed = runs.is_committed
+committed_steps = runs.committed_in     # of a checkpoints folder
 
 
 def set_aside_incomplete(directory: str) -> list[str]:
@@ -186,8 +171,8 @@ class Checkpointer:
     folders that are not complete checkpoints and says so through it."""
     self.directory = os.path.abspath(directory)
     for moved in set_aside_incomplete(self.directory) if note else ():
-      note(f'{moved.rsplit(INCOMPLETE, 1)[0]} is not a complete checkpoint (no '
-           f'{_COMMITTED} or items: an interrupted save or copy); set aside as {moved}.')
+      note(f'{moved.rsplit(INCOMPLETE, 1)[0]} is not a complete checkpoint (no orbax '
+           f'commit marker: an interrupted save or copy); set aside as {moved}.')
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=True)
     self._manager = ocp.CheckpointManager(self.directory, options=options,

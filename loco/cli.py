@@ -24,10 +24,15 @@ from loco.errors import LocoError
 
 
 class Parser(argparse.ArgumentParser):
-  """argparse whose errors are one line (`PROG: error: ...`, exit 2), not usage + error."""
+  """argparse whose errors are one line (`PROG: error: ...`, exit 2), not usage + error.
+
+  A prog of 'python -m loco.x' (what the usage line shows) is named 'loco.x' in the
+  error, as the command's other errors are.
+  """
 
   def error(self, message: str) -> NoReturn:
-    print(f'{self.prog}: error: {message} (see --help)', file=sys.stderr)
+    print(f'{self.prog.removeprefix("python -m ")}: error: {message} (see --help)',
+          file=sys.stderr)
     sys.exit(2)
 
 

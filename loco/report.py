@@ -54,11 +54,6 @@ class ReportError(LocoError):
   """Nothing to report (no runs under the paths); printed as one line."""
 
 
-def error_line(log_path: str) -> str | None:
-  """The last `loco: error:` line of the latest attempt in a run's log.txt."""
-  return runs.read_error_line(os.path.dirname(log_path))
-
-
 def is_workdir(path: str) -> bool:
   return runs.is_run(path)
 
@@ -341,6 +336,22 @@ def _bytes(x):
     if abs(x) >= scale:
       return f'{x / scale:,.2f} {unit}'
   return f'{x:.0f} B'
+
+
+# What a byte count in metrics.jsonl measures, for ratios that say which they compare.
+BYTES_WHAT = {'bytes_sent': 'bytes sent', 'bytes_received': 'bytes received',
+              'peak_bytes': 'peak bytes sent per step'}
+
+
+def fewer(reference: float, value: float, key: str = 'bytes_sent') -> str:
+  """'12.0x fewer bytes sent': how many times fewer `key`'s bytes (bytes_sent,
+  bytes_received or peak_bytes, per worker) `value` has than `reference`, saying which;
+  '—' when either is unknown."""
+  if not (_finite(reference) and _finite(value)) or value <= 0:
+    return '—'
+  ratio = reference / value
+  word = 'fewer' if ratio >= 1 else 'more'
+  return f'{max(ratio, 1 / ratio):,.1f}x {word} {BYTES_WHAT[key]}'
 
 
 def _seconds(x):

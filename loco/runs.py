@@ -64,9 +64,9 @@ NUM_KINDS = 4     # loco.comm.KINDS: none, all-reduce, all-gather, gossip
 # Cumulative bytes in metrics.jsonl and the sum over comms.jsonl agree to rounding.
 _BYTES_RTOL = 1e-6
 
-# orbax writes one of these into a step folder before the rename that commits it
-# (`commit_success.txt` since 0.11, `_CHECKPOINT_METADATA` before), so a bare
-# `checkpoints/45/` (a copy cut short, a crash of another tool) is not a checkpoint.
+# orbax (0.12) writes both into a step folder before the rename that commits it; either
+# one counts, so that a bare `checkpoints/45/` (a copy cut short, a crash of another
+# tool) is not taken for a checkpoint.
 _COMMIT_MARKERS = ('commit_success.txt', '_CHECKPOINT_METADATA')
 
 
@@ -209,19 +209,28 @@ def read_error_line(workdir: str) -> str | None:
   return candidates[-1].strip() if candidates else None
 
 
-def committed_steps(workdir: str) -> list[int]:
-  """The steps of checkpoints/ that orbax committed, sorted (a folder named by a step
-  with orbax's commit marker; in-flight `<step>.orbax-checkpoint-tmp-*` folders and
-  bare step folders are not checkpoints)."""
-  root = os.path.join(workdir, CHECKPOINTS)
+def is_committed(step_dir: str) -> bool:
+  """Whether a `checkpoints/<step>/` folder holds orbax's commit marker: an empty or
+  partial folder (an interrupted save or copy) does not."""
+  return any(os.path.isfile(os.path.join(step_dir, marker)) for marker in _COMMIT_MARKERS)
+
+
+def committed_in(directory: str) -> list[int]:
+  """The committed steps of a checkpoints folder, sorted (in-flight
+  `<step>.orbax-checkpoint-tmp-*` folders and bare step folders are not checkpoints)."""
   try:
-    names = os.listdir(root)
+    names = os.listdir(directory)
   except (FileNotFoundError, NotADirectoryError):
     return []
   except OSError as e:
-    raise RunFileError(f'{root} cannot be read: {e.strerror or e}.') from None
-  return sorted(int(n) for n in names if n.isdigit() and any(
-      os.path.isfile(os.path.join(root, n, marker)) for marker in _COMMIT_MARKERS))
+    raise RunFileError(f'{directory} cannot be read: {e.strerror or e}.') from None
+  return sorted(int(n) for n in names
+                if n.isdigit() and is_committed(os.path.join(directory, n)))
+
+
+def committed_steps(workdir: str) -> list[int]:
+  """The steps of the run's checkpoints/ that orbax committed, sorted."""
+  return committed_in(os.path.join(workdir, CHECKPOINTS))
 
 
 # ---- the line files --------------------------------------------------------------------

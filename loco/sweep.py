@@ -272,7 +272,7 @@ def _plan(run: Run, cmd: list[str], workdir: str, retry_failed: bool) -> tuple[s
   status = read_status(workdir)
   if status is None:
     return ('resume', 'no status.json') if os.path.isdir(workdir) else ('start', '')
-  changed = status.get('command', [])[1:] != cmd[1:]   # the interpreter may differ by host
+  changed = (status.get('command') or [])[1:] != cmd[1:]   # the interpreter may differ
   if status.get('state') == 'finished':
     note = ' (with a different command; delete its workdir to re-run)' if changed else ''
     return 'skip', f'finished before{note}'
@@ -370,6 +370,8 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
   retimes = retimes or {}
   if parallel < 1:
     raise SweepError(f'--parallel must be >= 1, got {parallel}.')
+  if not dry_run:
+    cli.check_output_dir(out)     # a file or a read-only place: one line, nothing started
   cmds = {r.name: command(r, os.path.join(out, r.name), extra) for r in runs}
   plans = {r.name: _plan(r, cmds[r.name], os.path.join(out, r.name), retry_failed)
            for r in runs}
@@ -379,7 +381,6 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
       say(f're-time finished synchronous runs on: {", ".join(retimes)}')
     return _dry_run(runs, cmds, plans, width, say)
 
-  cli.check_output_dir(out)
   lock = open(os.path.join(out, runs_lib.LOCK), 'w')
   try:
     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -9,7 +9,6 @@ so nothing trains.
 import io
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -467,6 +466,13 @@ def test_report_shows_bytes_sent_and_received(tmp_path):
   assert 'bytes received / worker' in stream.getvalue()
 
 
+def test_ratios_say_what_they_compare():
+  assert report.fewer(1200.0, 100.0) == '12.0x fewer bytes sent'
+  assert report.fewer(100.0, 400.0, 'bytes_received') == '4.0x more bytes received'
+  assert report.fewer(8.0, 4.0, 'peak_bytes') == '2.0x fewer peak bytes sent per step'
+  assert report.fewer(None, 4.0) == report.fewer(4.0, 0.0) == '—'
+
+
 # ---- loco.sweep: bad specs ---------------------------------------------------------------
 
 def _spec_file(tmp_path, body):
@@ -501,6 +507,15 @@ def test_a_bad_spec_is_one_line_and_starts_nothing(tmp_path, capsys, body, messa
   assert not os.path.exists(tmp_path / 'out')
 
 
+def test_a_sweep_out_that_is_a_file_is_one_line(tmp_path, capsys):
+  spec = _spec_file(tmp_path, "[Run('a', 'experiments/tiny_ddp.py')]")
+  out = tmp_path / 'out'
+  out.write_text('keep me')
+  code = sweep.main([spec, f'--out={out}', '--no_report'])
+  assert _one_error(capsys, 'loco.sweep', code) == f'--out {out} is a file, not a directory.'
+  assert out.read_text() == 'keep me'
+
+
 def test_a_bad_spec_on_the_real_command_line(tmp_path):
   spec = _spec_file(tmp_path, '[Run(None, "x.py")]')
   proc = subprocess.run([sys.executable, '-m', 'loco.sweep', spec, f'--out={tmp_path / "o"}'],
@@ -512,7 +527,7 @@ def test_a_bad_spec_on_the_real_command_line(tmp_path):
   bad = subprocess.run([sys.executable, '-m', 'loco.sweep', spec, '--parallel=0'],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
   assert bad.returncode == 2 and bad.stderr.splitlines() == [
-      "python -m loco.sweep: error: argument --parallel: '0' must be at least 1 (see --help)"]
+      "loco.sweep: error: argument --parallel: '0' must be at least 1 (see --help)"]
   assert not os.path.exists(tmp_path / 'o')
 
 
