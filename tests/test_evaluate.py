@@ -78,7 +78,7 @@ def test_bad_batch_counts_are_one_line_and_write_nothing(nano_config, tmp_path, 
       evaluate.main([str(tmp_path), f'--batches={bad}'])
     assert e.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith('python -m loco.evaluate: error: argument --batches')
+    assert len(err) == 1 and err[0].startswith('loco.evaluate: error: argument --batches')
   assert not os.path.exists(tmp_path / 'evals')
 
 

@@ -387,7 +387,8 @@ def test_sigint_to_the_cli_prints_one_line(tmp_path, small_corpus_glob, data_dir
   proc.send_signal(signal.SIGINT)
   _, err = proc.communicate(timeout=60)
   assert proc.returncode == 130, err[-2000:]
-  lines = [line for line in err.splitlines() if line.startswith('loco:')]
+  lines = [line for line in err.splitlines()
+           if line.startswith('loco:') and not line.startswith('loco: note:')]
   assert len(lines) == 1 and lines[0].startswith(
       'loco: stopped: interrupted after step ' if when == 'training' else
       'loco: stopped: interrupted while starting'), err[-2000:]
