@@ -427,3 +427,21 @@ def validate(config: config_dict.ConfigDict) -> None:
     _check_type(key, value)
     if value is not None and rule and not _RULES[rule](value):
       raise ConfigError(f'{key} must be {rule}, got {value!r}.')
+  _check_sinks(present)
+
+
+def _check_sinks(present: Mapping[str, Any]) -> None:
+  """metrics.*: a known W&B mode, and wandb installed when a run will log to it.
+
+  Checked here rather than when the sink opens so that `loco.main` and a sweep refuse
+  the config before any training starts.
+  """
+  from loco.metrics import WANDB_MODES
+  mode = present['metrics.wandb_mode']
+  if mode is not None and mode not in WANDB_MODES:
+    raise ConfigError(f'metrics.wandb_mode must be one of {", ".join(WANDB_MODES)}, '
+                      f'got {mode!r}.')
+  if (present['metrics.wandb_project'] and mode != 'disabled'
+      and importlib.util.find_spec('wandb') is None):
+    raise ConfigError("metrics.wandb_project is set but wandb is not installed: "
+                      "pip install -e '.[wandb]'")

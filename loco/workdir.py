@@ -26,7 +26,7 @@ DIVERGED = 'diverged.json'
 
 # Keys (or prefixes ending in '.') whose change does not alter what a run computes.
 MAY_CHANGE = ('progress', 'log_every', 'eval.every', 'eval.per_worker', 'checkpoint.',
-              'mesh.', 'grad_mode', 'data.read_threads', 'data.data_dir')
+              'mesh.', 'grad_mode', 'data.read_threads', 'data.data_dir', 'metrics.')
 
 
 def flatten(tree: dict[str, Any], prefix: str = '') -> dict[str, Any]:
