@@ -65,7 +65,7 @@ class MetricsWriter:
       resume_step: the step the run resumes from (0: a new run).
       note: called with a sentence about a damaged metrics.jsonl, if given.
       sinks: where each row goes after metrics.jsonl; None: TensorBoard under
-        workdir/tensorboard/ (`make_sinks(workdir, SinkConfig())`).
+        workdir/tensorboard/ (`make_sinks(workdir, SinkConfig(), resume_step=...)`).
     """
     self.path = os.path.join(workdir, 'metrics.jsonl')
     # A resumed run redoes the steps after its checkpoint; drop their old lines so the
@@ -76,7 +76,8 @@ class MetricsWriter:
         note(f'{problem} (a crash while writing it); the run goes on without it.')
       write_jsonl(self.path, [r for r in records if r['step'] <= resume_step])
     self._file = open(self.path, 'a')
-    self.sinks = list(make_sinks(workdir, SinkConfig()) if sinks is None else sinks)
+    self.sinks = list(make_sinks(workdir, SinkConfig(), resume_step=resume_step)
+                      if sinks is None else sinks)
 
   def write(self, record: dict[str, Any]) -> None:
     append_jsonl(self._file, [record])
@@ -96,8 +97,8 @@ class MetricsWriter:
       raise errors[0]
 
 
-def make_sinks(workdir: str, config: SinkConfig,
-               run_config: dict[str, Any] | None = None) -> list[Sink]:
+def make_sinks(workdir: str, config: SinkConfig, run_config: dict[str, Any] | None = None,
+               resume_step: int = 0) -> list[Sink]:
   """The sinks `config` asks for (wandb is imported only when a project is set).
 
   Args:
@@ -105,10 +106,12 @@ def make_sinks(workdir: str, config: SinkConfig,
       under workdir/wandb/.
     config: which sinks.
     run_config: the experiment's config, shown by W&B with the run.
+    resume_step: the step a resumed run restarts from (0: a new run).
   """
   sinks: list[Sink] = []
   if config.tensorboard:
-    sinks.append(TensorBoardSink(os.path.join(workdir, 'tensorboard')))
+    sinks.append(TensorBoardSink(os.path.join(workdir, 'tensorboard'),
+                                 purge_after=resume_step or None))
   if config.wandb_project and config.wandb_mode != 'disabled':
     sinks.append(WandbSink(workdir, config.wandb_project, mode=config.wandb_mode,
                            entity=config.wandb_entity, run_config=run_config))
@@ -139,7 +142,14 @@ class TensorBoardSink:
   is raised by `write`, naming the event file.
   """
 
-  def __init__(self, logdir: str):
+  def __init__(self, logdir: str, purge_after: int | None = None):
+    """Opens a new event file in `logdir`.
+
+    Args:
+      logdir: the directory (workdir/tensorboard/).
+      purge_after: a resumed run's checkpoint step: TensorBoard hides the earlier
+        files' events after it (the steps the run redoes), as metrics.jsonl drops them.
+    """
     from tensorboardX import RecordWriter  # no TensorFlow needed
     os.makedirs(logdir, exist_ok=True)
     # TensorBoard's file name: events.out.tfevents.<seconds>.<host>, one file per process.
@@ -147,6 +157,10 @@ class TensorBoardSink:
         logdir, f'events.out.tfevents.{int(time.time())}.{socket.gethostname()}')
     self._writer = RecordWriter(self.path)
     self._write(file_version='brain.Event:2')
+    if purge_after is not None:
+      # A SessionLog START at step s makes TensorBoard drop the events at steps >= s
+      # that it read before it (what SummaryWriter's purge_step writes).
+      self._write(step=purge_after + 1, session_log=dict(status='START'))
 
   def write(self, record: dict[str, Any]) -> None:
     from tensorboardX.summary import scalar

@@ -558,7 +558,7 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
   evaluate = make_evaluator(exp.model, graphdef, r.eval_per_worker)
   check_finite = jax.jit(_all_finite)
   writer = (MetricsWriter(wd.path, resume_step=start, note=note,
-                          sinks=make_sinks(wd.path, exp.sinks, run_config=config.to_dict()))
+                          sinks=make_sinks(wd.path, exp.sinks, config.to_dict(), start))
             if is_main else _NoWriter())
   comm_log = (commlog.CommLog(wd.path, r.num_workers, resume_step=start) if is_main
               else _NoWriter())
