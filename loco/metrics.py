@@ -16,6 +16,8 @@ import sys
 import time
 from typing import IO, Any, Iterable, Protocol, Sequence
 
+from loco.errors import ConfigError
+
 # Keys that measure this process rather than the run; they differ between an
 # interrupted-and-resumed run and an uninterrupted one.
 TIMING_KEYS = ('tokens_per_second', 'wall_seconds')
@@ -201,10 +203,15 @@ class WandbSink:
     # resume='allow' with an id derived from the workdir: a resumed run continues the
     # same W&B run; rows of steps W&B has already seen are dropped by W&B (its steps only
     # grow), so metrics.jsonl stays the record.
-    self._run = wandb.init(project=project, entity=entity or None, mode=mode, dir=workdir,
-                           id=wandb_run_id(workdir), resume='allow',
-                           name=os.path.basename(os.path.realpath(workdir)),
-                           config=run_config)
+    try:
+      self._run = wandb.init(project=project, entity=entity or None, mode=mode, dir=workdir,
+                             id=wandb_run_id(workdir), resume='allow',
+                             name=os.path.basename(os.path.realpath(workdir)),
+                             config=run_config)
+    except wandb.errors.Error as e:   # no API key, no network: one line, not a traceback
+      raise ConfigError(f'metrics.wandb_mode={mode}: W&B could not start the run: '
+                        f'{str(e).rstrip(".")}; metrics.wandb_mode=offline needs no '
+                        'account or network.') from e
 
   def write(self, record: dict[str, Any]) -> None:
     self._run.log(scalars(record), step=int(record['step']))

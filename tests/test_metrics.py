@@ -26,8 +26,8 @@ from loco.metrics import MetricsWriter, SinkConfig, read_metrics
 ROWS = [
     dict(step=5, tokens=320, train_loss=4.5, bytes_sent=0, syncs=0, sim_seconds=0.0,
          tokens_per_second=1234.5),
-    # Evaluation rows carry a list (per-worker losses); NaN and booleans are not scalars.
-    dict(step=10, tokens=640, train_loss=4.25, eval_loss=4.3, eval_loss_workers=[4.2, 4.4],
+    # Lists (a user's key), NaN and booleans are not scalars.
+    dict(step=10, tokens=640, train_loss=4.25, eval_loss=4.3, losses=[4.2, 4.4],
          worker_spread=float('nan'), flag=True, tokens_per_second=1300.0),
 ]
 
@@ -181,6 +181,7 @@ def fake_wandb(monkeypatch):
   module = types.ModuleType('wandb')
   module.__spec__ = importlib.machinery.ModuleSpec('wandb', None)
   module.init = init
+  module.errors = types.SimpleNamespace(Error=type('Error', (Exception,), {}))
   monkeypatch.setitem(sys.modules, 'wandb', module)
   return calls
 
@@ -214,6 +215,21 @@ def test_a_resumed_run_continues_its_wandb_run(tmp_path, fake_wandb):
   assert ids[0].startswith('a-') and ids[2].startswith('b-')
   assert {init['entity'] for init in fake_wandb.init} == {'team'}
   assert {init['mode'] for init in fake_wandb.init} == {'online'}
+
+
+def test_a_wandb_run_that_cannot_start_is_one_config_error(tmp_path, fake_wandb,
+                                                          monkeypatch):
+  wandb = sys.modules['wandb']
+
+  def no_key(**kwargs):
+    raise wandb.errors.Error('No API key configured. Use `wandb login` to log in.')
+
+  monkeypatch.setattr(wandb, 'init', no_key)
+  with pytest.raises(ConfigError) as raised:
+    metrics.make_sinks(str(tmp_path), SinkConfig(wandb_project='p', wandb_mode='online'))
+  assert str(raised.value) == (
+      'metrics.wandb_mode=online: W&B could not start the run: No API key configured. Use '
+      '`wandb login` to log in; metrics.wandb_mode=offline needs no account or network.')
 
 
 def test_wandb_is_imported_only_when_configured(tmp_path, monkeypatch):
