@@ -113,7 +113,7 @@ def make_sinks(workdir: str, config: SinkConfig, run_config: dict[str, Any] | No
   sinks: list[Sink] = []
   if config.tensorboard:
     sinks.append(TensorBoardSink(os.path.join(workdir, 'tensorboard'),
-                                 purge_after=resume_step or None))
+                                 purge_after=resume_step))
   if config.wandb_project and config.wandb_mode != 'disabled':
     sinks.append(WandbSink(workdir, config.wandb_project, mode=config.wandb_mode,
                            entity=config.wandb_entity, run_config=run_config))
@@ -144,22 +144,27 @@ class TensorBoardSink:
   is raised by `write`, naming the event file.
   """
 
-  def __init__(self, logdir: str, purge_after: int | None = None):
+  def __init__(self, logdir: str, purge_after: int = 0):
     """Opens a new event file in `logdir`.
 
     Args:
       logdir: the directory (workdir/tensorboard/).
-      purge_after: a resumed run's checkpoint step: TensorBoard hides the earlier
+      purge_after: the step a resumed run restarts from: TensorBoard hides the earlier
         files' events after it (the steps the run redoes), as metrics.jsonl drops them.
     """
     from tensorboardX import RecordWriter  # no TensorFlow needed
     os.makedirs(logdir, exist_ok=True)
-    # TensorBoard's file name: events.out.tfevents.<seconds>.<host>, one file per process.
-    self.path = os.path.join(
-        logdir, f'events.out.tfevents.{int(time.time())}.{socket.gethostname()}')
+    earlier = any('tfevents' in name for name in os.listdir(logdir))
+    # TensorBoard's file name, events.out.tfevents.<seconds>.<host>, made unique: a
+    # resume within the same second must not truncate the earlier file.
+    stem = os.path.join(logdir, f'events.out.tfevents.{int(time.time())}.{socket.gethostname()}')
+    self.path, n = stem, 0
+    while os.path.exists(self.path):
+      n += 1
+      self.path = f'{stem}.{n}'
     self._writer = RecordWriter(self.path)
     self._write(file_version='brain.Event:2')
-    if purge_after is not None:
+    if earlier:
       # A SessionLog START at step s makes TensorBoard drop the events at steps >= s
       # that it read before it (what SummaryWriter's purge_step writes).
       self._write(step=purge_after + 1, session_log=dict(status='START'))
@@ -201,8 +206,8 @@ class WandbSink:
                run_config: dict[str, Any] | None = None):
     import wandb   # an optional extra: imported only when a run asks for it
     # resume='allow' with an id derived from the workdir: a resumed run continues the
-    # same W&B run; rows of steps W&B has already seen are dropped by W&B (its steps only
-    # grow), so metrics.jsonl stays the record.
+    # same W&B run. The steps it redoes after its checkpoint may be dropped or repeated
+    # there (W&B's steps only grow); metrics.jsonl stays the record.
     try:
       self._run = wandb.init(project=project, entity=entity or None, mode=mode, dir=workdir,
                              id=wandb_run_id(workdir), resume='allow',

@@ -36,8 +36,8 @@ def _events(logdir, index=0):
   """The Events of logdir's event files (the index-th, oldest first), read as TensorBoard
   does: TFRecord frames (length, its CRC, data, its CRC) of serialized Event protos."""
   from tensorboardX.proto import event_pb2
-  path = sorted(glob.glob(os.path.join(logdir, 'events.out.tfevents.*')),
-                key=os.path.getmtime)[index]
+  # Names sort by time: events.out.tfevents.<seconds>.<host>[.<n>].
+  path = sorted(glob.glob(os.path.join(logdir, 'events.out.tfevents.*')))[index]
   data = open(path, 'rb').read()
   events, at = [], 0
   while at < len(data):
@@ -69,19 +69,20 @@ def test_jsonl_and_tensorboard_write_the_same_scalars(tmp_path):
     assert values == pytest.approx(expected), values   # simple_value is float32
 
 
-def test_a_resumed_run_hides_the_redone_steps_in_tensorboard(tmp_path, monkeypatch):
+def test_a_resumed_run_hides_the_redone_steps_in_tensorboard(tmp_path):
   from tensorboardX.proto import event_pb2
   workdir = str(tmp_path)
   writer = MetricsWriter(workdir)
   for row in ROWS:
     writer.write(row)
   writer.close()
-  monkeypatch.setattr(metrics.time, 'time', lambda: 2e9)   # a later event file name
-  writer = MetricsWriter(workdir, resume_step=5)
+  writer = MetricsWriter(workdir, resume_step=5)   # within the same second, often
   writer.write(ROWS[1])
   writer.close()
   assert read_metrics(workdir) == json.loads(json.dumps(ROWS))
-  purge, row = _events(os.path.join(workdir, 'tensorboard'), index=1)
+  logdir = os.path.join(workdir, 'tensorboard')
+  assert [e.step for e in _events(logdir, index=0)] == [5, 10]   # not overwritten
+  purge, row = _events(logdir, index=1)
   # TensorBoard drops the first file's events from this step on (step 10, redone).
   assert purge.step == 6 and purge.session_log.status == event_pb2.SessionLog.START
   assert row.step == 10
