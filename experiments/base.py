@@ -124,6 +124,14 @@ def get_config() -> config_dict.ConfigDict:
   c.log_every = 10                  # steps per jitted chunk and per metrics line
   c.progress = True                 # terminal progress bar
 
+  # Where metrics rows go besides metrics.jsonl (the record) and TensorBoard
+  # (workdir/tensorboard/): loco/metrics.py sinks. Logging only: may change on resume.
+  c.metrics = config_dict.ConfigDict()
+  c.metrics.wandb_project = placeholder(str)  # W&B project; None: no W&B (pip install -e '.[wandb]')
+  c.metrics.wandb_entity = placeholder(str)   # W&B team or user; None: the account's default
+  c.metrics.wandb_mode = placeholder(str)     # offline (None; files in workdir/wandb/, no
+                                              # network) | online | disabled (no W&B)
+
   c.checkpoint = config_dict.ConfigDict()
   c.checkpoint.every = 100          # steps between checkpoints (multiple of log_every); 0: only at the end
   c.checkpoint.keep = 2             # checkpoints kept

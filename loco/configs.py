@@ -30,6 +30,7 @@ from typing import Any, Mapping, Sequence
 from ml_collections import config_dict
 
 from loco.errors import ConfigError
+from loco.metrics import WANDB_MODES
 
 # Single-key rules on numbers, applied by `validate` to the whole config (a key left
 # None, "the preset's / the paper's default", is not checked). Rules between keys stay
@@ -400,7 +401,8 @@ def validate(config: config_dict.ConfigDict) -> None:
 
   Raises:
     ConfigError: one sentence for the first unknown key (with the nearest valid ones),
-      missing key, value of the wrong type, or number outside its rule.
+      missing key, value of the wrong type, number outside its rule, or W&B setting
+      that cannot work (an unknown metrics.wandb_mode, wandb not installed).
   """
   present = {}
 
@@ -428,3 +430,20 @@ def validate(config: config_dict.ConfigDict) -> None:
     _check_type(key, value)
     if value is not None and rule and not _RULES[rule](value):
       raise ConfigError(f'{key} must be {rule}, got {value!r}.')
+  _check_sinks(present)
+
+
+def _check_sinks(present: Mapping[str, Any]) -> None:
+  """metrics.*: a known W&B mode, and wandb installed when a run will log to it.
+
+  Checked here rather than when the sink opens so that `loco.main` and a sweep refuse
+  the config before any training starts.
+  """
+  mode = present['metrics.wandb_mode']
+  if mode is not None and mode not in WANDB_MODES:
+    raise ConfigError(f'metrics.wandb_mode must be one of {", ".join(WANDB_MODES)}, '
+                      f'got {mode!r}.')
+  if (present['metrics.wandb_project'] and mode != 'disabled'
+      and importlib.util.find_spec('wandb') is None):
+    raise ConfigError("metrics.wandb_project is set but wandb is not installed: "
+                      "pip install -e '.[wandb]'")

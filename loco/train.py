@@ -35,7 +35,7 @@ from loco.checkpoint import Checkpointer
 from loco.engine import Algorithm, LocoState
 from loco import workdir as workdir_lib
 from loco.errors import ConfigError, DivergenceError, Interrupted, WorkdirError
-from loco.metrics import MetricsWriter, ProgressBar
+from loco.metrics import MetricsWriter, ProgressBar, SinkConfig, make_sinks
 
 
 INNER_STATES = ('fresh', 'carried')
@@ -98,6 +98,7 @@ class Experiment:
   algorithm_name: str
   algorithm_kwargs: dict[str, Any]
   network: network_lib.NetworkConfig | None = None
+  sinks: SinkConfig = SinkConfig()
 
 
 def _set(d) -> dict[str, Any]:
@@ -140,7 +141,8 @@ def parse_config(config: ml_collections.ConfigDict) -> Experiment:
     raise ConfigError(f'algorithm.name must be one of {sorted(algorithms.REGISTRY)}, '
                       f'got {name!r}.')
   network = network_lib.parse_network(c.network.to_dict())
-  return Experiment(run, model, data, inner, name, algorithm_kwargs, network)
+  return Experiment(run, model, data, inner, name, algorithm_kwargs, network,
+                    SinkConfig(**_set(c.metrics)))
 
 
 def build_algorithm(exp: Experiment, mesh=None) -> Algorithm:
@@ -535,7 +537,9 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
 
   evaluate = evaluate_lib.make_evaluator(exp.model, graphdef, r.eval_per_worker)
   check_finite = jax.jit(_all_finite)
-  writer = MetricsWriter(wd.path, resume_step=start, note=note) if is_main else _NoWriter()
+  writer = (MetricsWriter(wd.path, resume_step=start, note=note,
+                          sinks=make_sinks(wd.path, exp.sinks, config.to_dict(), start))
+            if is_main else _NoWriter())
   comm_log = (commlog.CommLog(wd.path, r.num_workers, resume_step=start) if is_main
               else _NoWriter())
   progress = ProgressBar(total, start, enabled=r.progress and is_main)

@@ -23,7 +23,7 @@ from loco.runs import CONFIG, DIVERGED, LOCK  # noqa: F401  (the names live in l
 
 # Keys (or prefixes ending in '.') whose change does not alter what a run computes.
 MAY_CHANGE = ('progress', 'log_every', 'eval.every', 'eval.per_worker', 'checkpoint.',
-              'mesh.', 'grad_mode', 'data.read_threads', 'data.data_dir')
+              'mesh.', 'grad_mode', 'data.read_threads', 'data.data_dir', 'metrics.')
 
 
 def flatten(tree: dict[str, Any], prefix: str = '') -> dict[str, Any]:
