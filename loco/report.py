@@ -34,6 +34,7 @@ from typing import Any, Sequence
 
 from loco import cli
 from loco import runs
+from loco import workdir as workdir_lib
 from loco.errors import LocoError, RunFileError, UsageError
 # The run directory's names live in loco.runs; these aliases keep older imports working.
 from loco.runs import LOG, RETIMED, STATUS, SWEEP, read_status  # noqa: F401
@@ -104,7 +105,7 @@ def _run(workdir: str, name: str) -> dict[str, Any]:
   config, last, sweep = run.config, run.last, run.sweep_status or {}
   evals = [r for r in run.metrics if 'eval_loss' in r]
   finite_evals = [r['eval_loss'] for r in evals if _finite(r['eval_loss'])]
-  setting = _set_keys({k: v for k, v in config.items() if k not in ('seed', 'progress')})
+  setting = _set_keys(_what_it_computes(config))
   return dict(
       name=name, workdir=workdir, seed=config.get('seed'),
       setting=json.dumps(setting, sort_keys=True, default=str),
@@ -121,6 +122,15 @@ def _run(workdir: str, name: str) -> dict[str, Any]:
       peak_bytes=last.get('peak_bytes'), sim_seconds=last.get('sim_seconds'),
       wall_seconds=sweep.get('seconds'), metrics_problem=run.metrics_note,
       _evals=evals)
+
+
+def _what_it_computes(config: dict[str, Any]) -> dict[str, Any]:
+  """The config without its seed and the keys that only change how a run executes or
+  logs (`workdir.MAY_CHANGE`: logging, checkpoints, mesh, metric sinks), so that runs
+  differing only in those group as seeds of one setting."""
+  flat = workdir_lib.flatten(config)
+  return {k: v for k, v in flat.items() if k != 'seed' and not any(
+      k == m or (m.endswith('.') and k.startswith(m)) for m in workdir_lib.MAY_CHANGE)}
 
 
 def _set_keys(d):
