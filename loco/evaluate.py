@@ -36,12 +36,13 @@ from loco import checkpoint as checkpoint_lib
 from loco import cli
 from loco import data as data_lib
 from loco import model as model_lib
+from loco import runs as runs_lib
 from loco import stats
 from loco import workdir as workdir_lib
 from loco import workers
 from loco.errors import LocoError, WorkdirError
 
-EVALS = 'evals'
+EVALS = runs_lib.EVALS
 
 
 def window_losses(model_cfg, graphdef, params, tokens_NxBxLp1: jax.Array) -> jax.Array:
@@ -125,15 +126,20 @@ def mean_params(workdir: str, model_cfg: model_lib.ModelConfig) -> tuple[int, An
 
 
 def _stored_run(workdir: str) -> tuple[dict[str, Any], model_lib.ModelConfig]:
-  stored = workdir_lib.read_json(os.path.join(workdir, workdir_lib.CONFIG))
+  if not os.path.isdir(workdir):
+    raise WorkdirError(f'{workdir} is not a directory.')
+  stored = runs_lib.read_config(workdir)   # a damaged config.json: one line naming it
+  if stored is None:
+    raise WorkdirError(f'{workdir} is not a loco run (no readable config.json).')
+  config = stored['config']
   try:
-    config = stored['config']
     model = {k: v for k, v in stored['model'].items()
              if k not in ('param_count', 'flops_per_token')}
     model_cfg = model_lib.ModelConfig(**model)
     config['data'], config['seq_len']   # pylint: disable=pointless-statement
   except (TypeError, KeyError, ValueError, AttributeError):
-    raise WorkdirError(f'{workdir} is not a loco run (no readable config.json).') from None
+    raise WorkdirError(f'{os.path.join(workdir, runs_lib.CONFIG)} is not a loco run\'s '
+                       'config.json (no model, data or seq_len).') from None
   return config, model_cfg
 
 

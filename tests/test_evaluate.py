@@ -86,3 +86,38 @@ def test_a_directory_that_is_not_a_run_is_one_line(tmp_path, capsys):
   assert evaluate.main([str(tmp_path)]) == 1
   err = capsys.readouterr().err.strip().splitlines()
   assert err == [f'loco.evaluate: error: {tmp_path} is not a loco run (no readable config.json).']
+
+
+def _one_line(capsys, code, expected):
+  err = [x for x in capsys.readouterr().err.splitlines() if x.strip()]
+  assert code == expected and len(err) == 1 and 'Traceback' not in err[0], err
+  return err[0]
+
+
+def test_damaged_or_foreign_runs_are_one_line(tmp_path, capsys):
+  run = tmp_path / 'run'
+  run.mkdir()
+  (run / 'config.json').write_text('{"config": ')
+  line = _one_line(capsys, evaluate.main([str(run)]), 1)
+  assert line.startswith('loco.evaluate: error:') and 'config.json' in line
+  (run / 'config.json').write_text('{"config": {"steps": 3}}')   # no model: foreign
+  assert 'not a loco run' in _one_line(capsys, evaluate.main([str(run)]), 1)
+  (tmp_path / 'file').write_text('x')
+  assert 'is not a directory' in _one_line(capsys, evaluate.main([str(tmp_path / 'file')]), 1)
+  assert not (run / 'evals').exists()
+
+
+def test_a_full_disk_and_ctrl_c_are_one_line(tmp_path, capsys, monkeypatch):
+  import errno
+
+  def full(run, *args):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.path.join(run, 'evals', 'x.json'))
+  monkeypatch.setattr(evaluate, 'evaluate_run', full)
+  line = _one_line(capsys, evaluate.main([str(tmp_path)]), 1)
+  assert line == f'loco.evaluate: error: {tmp_path}/evals/x.json: the disk is full'
+
+  def interrupted(*args):
+    raise KeyboardInterrupt
+  monkeypatch.setattr(evaluate, 'evaluate_run', interrupted)
+  assert _one_line(capsys, evaluate.main([str(tmp_path)]), 130).startswith(
+      'loco.evaluate: stopped: interrupted')
