@@ -147,3 +147,15 @@ def test_a_damaged_clock_file_is_one_line(tmp_path, capsys):
   with pytest.raises(claims.LocoError, match='seconds.txt is damaged'):
     claims._seconds(str(tmp_path / 'seconds.txt'), 0.0)
   np.testing.assert_equal(claims._seconds(str(tmp_path / 'none.txt'), math.nan), math.nan)
+
+
+def test_an_out_that_is_a_file_and_bad_flags_are_one_line(tmp_path, capsys):
+  (tmp_path / 'f').write_text('x')
+  assert claims.main([f'--out={tmp_path / "f"}']) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f'launch.claims: error: --out {tmp_path / "f"} is a file, not a directory.']
+  with pytest.raises(SystemExit) as e:
+    claims.main(['--parallel=0'])
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith('launch.claims: error: argument --parallel')
