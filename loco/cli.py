@@ -1,7 +1,8 @@
 """The error boundary every command shares: one line, a non-zero exit, no traceback.
 
-Each command's `main(argv)` is `cli.run(PROG, body, argv)`, where `body(args)` does the
-work and returns an exit code. What a user can cause ends in one line on stderr:
+Each command's `main(argv)` parses its flags with `Parser` and returns
+`cli.run(PROG, body)`, where `body()` does the work and returns an exit code. What a user
+can cause ends in one line on stderr:
 
   PROG: error: MESSAGE      exit 1 (a LocoError, an OSError such as a read-only or full
                             disk, a file where a directory is expected)
@@ -87,13 +88,6 @@ def run(prog: str, body: Callable[[], int | None]) -> int:
     if previous is not None:
       signal.signal(signal.SIGTERM, previous)
     sys.stdout.flush()
-
-
-def exit_with(prog: str, body: Callable[[], int | None]) -> NoReturn:
-  """`sys.exit(run(prog, body))` for a module's `if __name__ == '__main__'`."""
-  code = run(prog, body)
-  sys.stderr.flush()
-  sys.exit(code)
 
 
 def check_output_dir(path: str, what: str = '--out') -> None:
