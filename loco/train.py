@@ -120,14 +120,8 @@ def parse_config(config: ml_collections.ConfigDict) -> Experiment:
   data = data_lib.DataConfig(**c.data)
   model_overrides = _set(c.model)
   preset = model_overrides.pop('preset')
-  tokenizer_vocab = data_lib.make_tokenizer(data).vocab_size
   if 'vocab_size' not in model_overrides:
-    model_overrides['vocab_size'] = tokenizer_vocab
-  elif model_overrides['vocab_size'] < tokenizer_vocab:
-    # Token ids past the embedding table would be clipped silently by the gather.
-    raise ConfigError(f'model.vocab_size={model_overrides["vocab_size"]} is below the '
-                      f'tokenizer\'s {tokenizer_vocab} tokens; leave it unset (the '
-                      'tokenizer\'s size) or make it at least that.')
+    model_overrides['vocab_size'] = data_lib.make_tokenizer(data).vocab_size
   model = model_lib.model_config(preset, **model_overrides)
   if run.seq_len > model.max_seq_len:
     raise ConfigError(f'seq_len={run.seq_len} is above the model\'s max_seq_len='
@@ -494,6 +488,12 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
       note(f'the run in {wd.path} finished before (step {start} of {total}); nothing to do.')
       return wd.last_record()
 
+  tokenizer_vocab = data_lib.make_tokenizer(exp.data).vocab_size
+  if exp.model.vocab_size < tokenizer_vocab:
+    # Token ids past the embedding table would be clipped silently by the gather.
+    raise ConfigError(f'model.vocab_size={exp.model.vocab_size} is below the tokenizer\'s '
+                      f'{tokenizer_vocab} tokens; leave it unset (the tokenizer\'s size) or '
+                      'make it at least that.')
   key = jax.random.key(r.seed)
   graphdef, init, abstract_state = init_state(exp, algorithm, key, mesh)
   train_chunk = make_train_chunk(algorithm, exp.model, graphdef, mesh, r.grad_mode)
