@@ -34,6 +34,17 @@ def base_run(tmp_path_factory, small_corpus_glob, data_dir):
   return workdir
 
 
+@pytest.fixture(scope='module')
+def interrupted_run(tmp_path_factory, small_corpus_glob, data_dir):
+  """A 20-step run stopped after its step-10 checkpoint (the step-20 one removed)."""
+  c = make_nano_config(small_corpus_glob, data_dir)
+  c.steps = 20
+  workdir = str(tmp_path_factory.mktemp('interrupted') / 'run')
+  train.run(c, workdir)
+  shutil.rmtree(os.path.join(workdir, 'checkpoints', '20'))
+  return workdir
+
+
 @pytest.fixture
 def config(small_corpus_glob, data_dir):
   c = make_nano_config(small_corpus_glob, data_dir)
@@ -144,6 +155,21 @@ def test_fewer_steps_are_refused_in_one_line(base_run, config, tmp_path):
   assert 'steps may only grow on resume' in message
   assert read_metrics(workdir) == before
   assert open(os.path.join(workdir, 'config.json')).read() == stored
+
+
+def test_steps_between_the_checkpoint_and_the_stored_run_are_refused(interrupted_run, config,
+                                                                   tmp_path):
+  """Steps are compared with the stored run's, not the checkpoint's: resuming the
+  20-step run from step 10 with steps=15 would change its schedule (decay over 13)."""
+  workdir = _copy(interrupted_run, tmp_path)
+  config.steps = 15
+  with pytest.raises(WorkdirError) as e:
+    train.run(config, workdir)
+  message = str(e.value)
+  assert '\n' not in message
+  assert message.startswith('steps=15 is below the 20 steps of the run in ')
+  assert '(checkpoint at step 10)' in message
+  assert [r['step'] for r in read_metrics(workdir)] == [5, 10, 15, 20]   # untouched
 
 
 @pytest.mark.parametrize('key,value,shown', [
