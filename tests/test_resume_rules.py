@@ -5,6 +5,7 @@ refused by name, keys that only change how it runs or logs may change, and an un
 rate the resumed run actually applied, recovered from its checkpoints).
 """
 
+import copy
 import json
 import math
 import os
@@ -204,3 +205,31 @@ def test_an_execution_only_change_is_allowed(base_run, config, tmp_path, capsys,
   assert 'finished before (step 10 of 10); nothing to do' in capsys.readouterr().err
   assert record == before[-1]
   assert read_metrics(workdir) == before
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known bug: in network.mode='async' a resume that grows steps replays the new "
+    "length's event schedule from the old schedule's last tick, so workers miss steps "
+    "and sim_seconds runs backwards"))
+def test_growing_steps_of_an_async_run_keeps_every_workers_steps(config, tmp_path):
+  """Either the resume is refused, or every worker still takes `steps` steps (tokens =
+  steps x M x batch x seq_len) and the simulated clock never runs backwards."""
+  def async_config(steps):
+    c = copy.deepcopy(config)
+    c.num_workers, c.steps = 4, steps
+    c.optimizer.decay_steps = 18
+    c.algorithm.name, c.algorithm.sync_every, c.algorithm.topology = 'gasloc', 3, 'ring'
+    c.network.profile, c.network.mode, c.network.local_work = 'homogeneous', 'async', 'time'
+    c.network.step_seconds, c.network.speeds = 1.0, [1.0, 1.0, 1.0, 0.4]
+    return c
+
+  workdir = str(tmp_path / 'run')
+  train.run(async_config(10), workdir)
+  try:
+    train.run(async_config(20), workdir)
+  except WorkdirError:
+    return                                   # refusing is a fix too
+  records = read_metrics(workdir)
+  assert records[-1]['tokens'] == 20 * 4 * 2 * 32     # steps x M x batch x seq_len
+  seconds = [r['sim_seconds'] for r in records]
+  assert seconds == sorted(seconds)
