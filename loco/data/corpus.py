@@ -483,9 +483,11 @@ def prepare(spec: CorpusSpec, data_dir: str) -> LocoCorpus:
   crash never leaves a dataset that looks prepared. A lock file serialises
   concurrent preparations of the same corpus (other processes wait, then reuse).
   """
+  if LocoCorpus(spec=spec, data_dir=data_dir).is_prepared():
+    # A new builder: one made before another thread or process finished preparing
+    # holds the empty metadata it read then.
+    return LocoCorpus(spec=spec, data_dir=data_dir)
   builder = LocoCorpus(spec=spec, data_dir=data_dir)
-  if builder.is_prepared():
-    return builder
   if '://' in data_dir:
     # No file locks on object stores; TFDS's rename still keeps it atomic.
     _download_and_prepare(builder)
