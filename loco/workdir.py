@@ -157,6 +157,13 @@ class Workdir:
           f'steps={new["steps"]} is below the {old["steps"]} steps of the run in '
           f'{self.path} (checkpoint at step {checkpoint_step}); steps may only grow on '
           'resume.')
+    if new['steps'] > old['steps'] and new.get('network.mode') == 'async':
+      # The event schedule is simulated for the run's length: a longer run has another
+      # schedule, which the checkpoint's tick does not index.
+      raise WorkdirError(
+          f'steps cannot grow on resume in network.mode=\'async\' (the run in {self.path} '
+          f'has {old["steps"]}): its event schedule depends on its length; train the '
+          'longer run in a new workdir.')
     if new['steps'] > old['steps']:
       note = f'steps grows from {old["steps"]} to {new["steps"]}'
       if new.get('optimizer.decay_steps') is None:
