@@ -20,7 +20,7 @@ def get_config():
   c.model.preset = '150m'
   c.model.vocab_size = 32_000
   c.data.source = 'tfds'
-  c.data.tfds_name = 'c4/en:3.1.0'
+  c.data.tfds_name = 'loco_c4/en:1.0.0'   # python -m loco.data.prepare c4 (README, C4)
   c.data.tokenizer = 'sentencepiece'
   c.optimizer.lr = 4e-4
   c.optimizer.warmup_steps = 1000

@@ -152,8 +152,26 @@ def _not_prepared(name: str, data_dir: str, why: str) -> errors.DataError:
       'ArrayRecord build of it there.')
 
 
+def _check_c4(name: str, data_dir: str) -> None:
+  """Says how to prepare C4 when it is missing or half-prepared in `data_dir`."""
+  from loco.data import c4  # pylint: disable=g-import-not-at-top
+  if c4.is_prepared(data_dir):
+    return
+  command = config_lib.C4_PREPARE_COMMAND.replace('DATA_DIR', data_dir)
+  if os.path.isdir(c4.dataset_path(data_dir)):
+    raise errors.DataError(
+        f'C4 ({name}) in {c4.dataset_path(data_dir)} is only partly prepared (the '
+        'preparation was stopped); run the same command again, it resumes: '
+        f'`{command}` ({config_lib.C4_README}).')
+  raise errors.DataError(
+      f'C4 ({name}) is not prepared in {data_dir} (data.data_dir); prepare it '
+      f'with: `{command}` ({config_lib.C4_README}).')
+
+
 def _open_tfds(cfg: config_lib.DataConfig, split: str) -> TfdsDocuments:
   name, data_dir = cfg.tfds_name, cfg.resolved_data_dir
+  if config_lib.is_c4(name) and '://' not in data_dir:
+    _check_c4(name, data_dir)
   if '://' not in data_dir and not os.path.isdir(data_dir):
     raise errors.DataError(
         f'data dir {data_dir} (data.data_dir) does not exist; TFDS dataset '
