@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import logging
 import os
 import re
 import struct
@@ -52,6 +53,17 @@ FIELDS = ('text', 'url', 'timestamp')
 FILENAME_TEMPLATE = '{DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_INDEX}'
 STATE_FILE = 'prepare_state.json'
 _SHARD = re.compile(r'^c4-(train|validation)\.(\d{5})-of-(\d{5})\.json\.gz$')
+
+
+class _HideUnpreparedWarning(logging.Filter):
+  """TFDS warns about an unprepared loco_c4 folder; loco's error says what to do."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not (message.endswith('has no dataset_info.json') and f'/{NAME}/' in message)
+
+
+logging.getLogger('absl').addFilter(_HideUnpreparedWarning())
 
 
 class LocoC4(tfds.core.GeneratorBasedBuilder):

@@ -170,16 +170,24 @@ def _check_c4(name: str, data_dir: str) -> None:
 
 def _open_tfds(cfg: config_lib.DataConfig, split: str) -> TfdsDocuments:
   name, data_dir = cfg.tfds_name, cfg.resolved_data_dir
-  if config_lib.is_c4(name) and '://' not in data_dir:
-    _check_c4(name, data_dir)
+  c4_here = config_lib.is_c4(name) and '://' not in data_dir
   if '://' not in data_dir and not os.path.isdir(data_dir):
+    if c4_here:
+      _check_c4(name, data_dir)
     raise errors.DataError(
         f'data dir {data_dir} (data.data_dir) does not exist; TFDS dataset '
         f'{name!r} must be prepared there as ArrayRecord: loco does not '
         f'download datasets (run {_build_command(name, data_dir)}).')
   try:
-    source = tfds.data_source(name, split=split, data_dir=data_dir,
-                              download=False)
+    try:
+      source = tfds.data_source(name, split=split, data_dir=data_dir,
+                                download=False)
+    except Exception:  # pylint: disable=broad-except
+      if c4_here:  # (Not before: tfds.testing.mock_data serves C4 without files.)
+        _check_c4(name, data_dir)  # Missing or half-prepared: says how to prepare it.
+      raise
+  except errors.DataError:
+    raise
   except tfds.core.registered.DatasetNotFoundError as e:
     raise _not_prepared(name, data_dir, 'not prepared') from e
   except NotImplementedError as e:
