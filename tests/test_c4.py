@@ -1,15 +1,14 @@
 """C4 from nothing: shards in the C4 format -> prepare -> SentencePiece -> a c4 config.
 
-Shards are written in the exact format of allenai/c4 `en` (gzip JSON lines with text,
-timestamp and url), prepared with `python -m loco.data.prepare c4` (as a function and
-once as the command), a small SentencePiece model is trained on them, and
-experiments/c4_gasloc.py trains on them with the nano model for a few steps.
+Shards are written in the exact format of allenai/c4 `en` (tests/c4_shards.py: gzip
+JSON lines with text, timestamp and url), prepared with `python -m loco.data.prepare c4`
+(as a function and once as the command), a small SentencePiece model is trained on
+them, and experiments/c4_gasloc.py trains on them with the nano model for a few steps.
 """
 
 import gzip
 import json
 import os
-import random
 import shutil
 import struct
 import subprocess
@@ -26,31 +25,10 @@ from loco.data import c4
 from loco.data import prepare as prepare_cli
 from loco.data import sources
 from loco.data import tokenizers
+from tests.c4_shards import DOCS
+from tests.c4_shards import write_c4_shards
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = 200   # per shard: 2 train shards, 1 validation shard
-_WORDS = ('the a of and to in is for on that with as was it by at from this be are '
-          'or have an which one new more first time people year can data water city '
-          'food music game school house river garden market light').split()
-
-
-def write_c4_shards(folder, train_shards=2, validation_shards=1, docs=DOCS, seed=0):
-  """Writes shards named and formatted as allenai/c4 en (c4-train.00000-of-01024.json.gz)."""
-  os.makedirs(folder, exist_ok=True)
-  rng = random.Random(seed)
-  texts = {}
-  for split, count, total in (('train', train_shards, 1024),
-                              ('validation', validation_shards, 8)):
-    for s in range(count):
-      name = f'c4-{split}.{s:05d}-of-{total:05d}.json.gz'
-      with gzip.open(os.path.join(folder, name), 'wt', encoding='utf-8') as f:
-        for i in range(docs):
-          text = '\n'.join(' '.join(rng.choices(_WORDS, k=rng.randint(8, 40))).capitalize()
-                           + '.' for _ in range(rng.randint(1, 6)))
-          texts.setdefault(split, []).append(text)
-          f.write(json.dumps({'text': text, 'timestamp': '2019-04-25T12:57:54Z',
-                              'url': f'https://example.com/{split}/{s}/{i}'}) + '\n')
-  return texts
 
 
 @pytest.fixture(scope='module')
