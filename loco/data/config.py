@@ -39,7 +39,7 @@ class DataConfig:
   """
 
   source: str = 'stdlib'        # stdlib (embedded, no download) | text (own files) | tfds
-  tfds_name: str = ''           # e.g. 'c4/en:3.1.0' when source == 'tfds'
+  tfds_name: str = ''           # e.g. C4_TFDS_NAME (loco.data.prepare c4) when source == 'tfds'
   data_dir: str = ''            # '' -> $LOCO_DATA_DIR or ~/.cache/loco/tfds; gs:// passes
   text_glob: str = ''           # files when source == 'text' ('**' recurses); one per document
   text_key: str = 'text'        # the feature holding the text in a TFDS dataset

@@ -6,7 +6,8 @@ order) are sorted by path and empty files are dropped; larger ones are read
 lazily in their stored order (train: sorted paths; validation: the order that
 makes its halves exchangeable, see loco.data.corpus). A TFDS dataset is read
 lazily through `tfds.data_source` (ArrayRecord, no TensorFlow); loco never
-downloads or prepares it.
+downloads it, and prepares only C4, from local files, with `python -m
+loco.data.prepare c4` (loco.data.c4), which its errors name.
 """
 
 from __future__ import annotations
