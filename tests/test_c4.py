@@ -87,6 +87,10 @@ def test_prepare_again_skips_finished_shards_and_redoes_a_half_written_one(
   shutil.copy2(tmp_path / 'extra' / name, more_dir / name)
   more = c4.prepare(str(more_dir), data_dir, progress=False, max_shards=3)
   assert more.written == ['train/00002'] and more.docs['train'] == 3 * DOCS
+  # Fewer shards than are prepared would drop finished work: refused, one line.
+  with pytest.raises(errors.DataError, match='already holds 1 prepared shard.*train/00002'):
+    c4.prepare(str(more_dir), data_dir, progress=False, max_shards=2)
+  assert c4.is_prepared(data_dir)
 
 
 def test_the_command_prepares_and_skips(prepared, tmp_path):

@@ -276,10 +276,14 @@ class Progress:
           f'{self.bytes / 1e6 / dt:,.1f} MB/s   ')
       sys.stderr.flush()
 
-  def close(self) -> None:
+  def clear(self) -> None:
+    """Erases the status line, so that a log line printed next starts clean."""
     if self.on:
-      sys.stderr.write('\n')
+      sys.stderr.write('\r\033[K')
       sys.stderr.flush()
+
+  def close(self) -> None:
+    self.clear()
 
 
 @dataclasses.dataclass
@@ -359,6 +363,14 @@ def prepare(source: str, data_dir: str, *, max_shards: int | None = None,
   done = {key: entry for key, entry in state.get('shards', {}).items()
           if key in want and {k: entry.get(k) for k in want[key]} == want[key]
           and os.path.isfile(_shard_file(path, key))}
+  extra = sorted(key for key in state.get('shards', {}) if key not in want)
+  if extra:
+    # Never throw away finished work silently (64 shards are half an hour).
+    raise errors.DataError(
+        f'{path} already holds {len(extra)} prepared shard(s) that this command does not '
+        f'ask for ({", ".join(extra[:3])}{", ..." if len(extra) > 3 else ""}); to keep '
+        'them, raise --max_shards / --validation_shards (and keep their source files); '
+        f'to drop them, delete {path} first.')
   info_file = os.path.join(path, 'dataset_info.json')
   if len(done) == len(want) and os.path.isfile(info_file) and len(
       state.get('shards', {})) == len(want):
@@ -371,7 +383,7 @@ def prepare(source: str, data_dir: str, *, max_shards: int | None = None,
   state = {'shards': dict(done)}
   _write_json(os.path.join(path, STATE_FILE), state)
   keep = {_shard_file(path, key) for key in done}
-  for name in os.listdir(path):   # leftovers of an interrupted run, shards not asked for
+  for name in os.listdir(path):   # leftovers of an interrupted run or a changed source
     full = os.path.join(path, name)
     if name.startswith(f'{NAME}-') and full not in keep:
       os.remove(full)
@@ -383,12 +395,13 @@ def prepare(source: str, data_dir: str, *, max_shards: int | None = None,
         key = f'{split}/{i:05d}'
         name = os.path.basename(shard.path)
         if key in done:
+          bar.clear()
           log(f'{split} {i + 1}/{len(shards[split])}: {name} already prepared, skipped.')
           continue
         out = _shard_file(path, key)
         tmp = f'{out}.tmp{os.getpid()}'
         t0 = time.time()
-        docs = nbytes = 0
+        docs = nbytes = shown = 0
         writer = array_record_module.ArrayRecordWriter(tmp, 'group_size:1')
         try:
           for record, size in read_shard(shard):
@@ -396,10 +409,11 @@ def prepare(source: str, data_dir: str, *, max_shards: int | None = None,
             docs += 1
             nbytes += size
             if docs % 1000 == 0:
-              bar.update(1000, 0, f'{split} {name}')
+              bar.update(1000, nbytes - shown, f'{split} {name}')
+              shown = nbytes
         finally:
           writer.close()
-        bar.update(docs % 1000, nbytes, f'{split} {name}')
+        bar.update(docs % 1000, nbytes - shown, f'{split} {name}')
         if not docs:
           os.remove(tmp)
           raise errors.DataError(f'{shard.path} holds no documents; a C4 shard is never '
@@ -411,6 +425,7 @@ def prepare(source: str, data_dir: str, *, max_shards: int | None = None,
         bar.done += 1
         written.append(key)
         dt = time.time() - t0
+        bar.clear()
         log(f'{split} {i + 1}/{len(shards[split])}: {name}: {docs:,} documents, '
             f'{nbytes / 1e6:,.1f} MB in {dt:.1f} s ({docs / max(dt, 1e-9):,.0f} docs/s, '
             f'{nbytes / 1e6 / max(dt, 1e-9):,.1f} MB/s).')
