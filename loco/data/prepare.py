@@ -69,13 +69,28 @@ def _tokenizer(args: argparse.Namespace) -> int:
   return 0
 
 
+def _positive_float(text: str) -> float:
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'{text!r} is not a number') from None
+  if not value > 0:
+    raise argparse.ArgumentTypeError(f'{text!r} must be above 0')
+  return value
+
+
 def main(argv: list[str] | None = None) -> int:
   parser = cli.Parser(prog=PROG, description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
   commands = parser.add_subparsers(dest='command', required=True, parser_class=cli.Parser)
   c4 = commands.add_parser(
       'c4', help='C4 json.gz shards (or a TFDS c4 build) -> the ArrayRecord dataset '
-      f'{config_lib.C4_TFDS_NAME}; resumable per shard')
+      f'{config_lib.C4_TFDS_NAME}; resumable per shard',
+      description='Writes DATA_DIR/loco_c4/en/1.0.0, one ArrayRecord file per source '
+      'shard. Resumable per shard: run the same command again after Ctrl-C; finished '
+      'shards are skipped, a half-written one is redone, and the dataset is readable '
+      'only when all are done. Every line is checked (a damaged one is named with its '
+      'file and line).')
   c4.add_argument('--source', required=True,
                   help='folder of c4-train.NNNNN-of-01024.json.gz and '
                   'c4-validation.NNNNN-of-00008.json.gz (allenai/c4 en), or of a TFDS '
@@ -90,12 +105,15 @@ def main(argv: list[str] | None = None) -> int:
   c4.add_argument('--no_progress', action='store_true',
                   help='no progress bar (it is shown only when stderr is a terminal)')
   tok = commands.add_parser(
-      'tokenizer', help='train a SentencePiece model on the prepared C4 train split')
+      'tokenizer', help='train a SentencePiece model on the prepared C4 train split',
+      description='Trains a lossless SentencePiece model (BPE unless --model_type; byte '
+      'fallback, identity normalisation, EOS id 2) on the first --sample_mb MB of the prepared C4 train '
+      'split in stored order.')
   tok.add_argument('--data_dir', required=True, help='where `c4` prepared C4')
   tok.add_argument('--output', required=True, help='the .model file to write')
   tok.add_argument('--vocab_size', type=cli.positive_int, default=32_000,
                    help='pieces (default 32000, as T5\'s C4 vocabulary; >= 320)')
-  tok.add_argument('--sample_mb', type=float, default=100.0,
+  tok.add_argument('--sample_mb', type=_positive_float, default=100.0,
                    help='train on the first this many MB of the train split, in '
                    'stored order (default 100: about 44k documents)')
   tok.add_argument('--model_type', default='bpe', choices=('bpe', 'unigram'))
