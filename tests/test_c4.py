@@ -176,6 +176,16 @@ def test_a_foreign_file_and_a_bad_source_are_one_line(tmp_path):
     c4.find_shards(str(tmp_path))
 
 
+def test_a_second_prepare_on_the_same_folder_is_refused(prepared, tmp_path):
+  import fcntl
+  data_dir = str(tmp_path / 'tfds')
+  os.makedirs(c4.dataset_path(data_dir))
+  with open(os.path.join(c4.dataset_path(data_dir), '.lock'), 'w') as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)   # as a running `prepare c4` holds it
+    with pytest.raises(errors.DataError, match='another `prepare c4` is writing'):
+      c4.prepare(prepared['source'], data_dir, progress=False)
+
+
 def _write_tfrecord_build(folder, texts):
   """A TFRecord TFDS c4 build as `tfds build c4` writes it (CRCs left zero)."""
   from tensorflow_datasets.proto import tf_example_pb2

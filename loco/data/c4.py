@@ -27,6 +27,7 @@ both splits is done, so a half-prepared dataset is never readable.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import gzip
 import json
 import logging
@@ -349,14 +350,25 @@ def prepare(source: str, data_dir: str, *, max_shards: int | None = None,
   Raises:
     DataError: a missing or damaged source (naming the file and line).
   """
-  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   log = log or (lambda line: None)
   start = time.time()
   shards = find_shards(source, max_shards, validation_shards)
   path = dataset_path(data_dir)
   os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, '.lock'), 'w') as lock:
+    try:
+      fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+      raise errors.DataError(
+          f'another `prepare c4` is writing {path}; let it finish (or stop it) and run '
+          'this command again.') from None
+    return _prepare_locked(shards, path, LocoC4(data_dir=data_dir), log, progress, start)
+
+
+def _prepare_locked(shards: dict[str, list[Shard]], path: str, builder: LocoC4,
+                    log: Callable[[str], None], progress: bool, start: float) -> Report:
+  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
   state = _read_state(path)
-  builder = LocoC4(data_dir=data_dir)
   features = builder.info.features
   want = {f'{s.split}/{i:05d}': dict(s.identity, split=s.split)
           for split in SPLITS for i, s in enumerate(shards[split])}
@@ -372,8 +384,7 @@ def prepare(source: str, data_dir: str, *, max_shards: int | None = None,
         'them, raise --max_shards / --validation_shards (and keep their source files); '
         f'to drop them, delete {path} first.')
   info_file = os.path.join(path, 'dataset_info.json')
-  if len(done) == len(want) and os.path.isfile(info_file) and len(
-      state.get('shards', {})) == len(want):
+  if len(done) == len(want) and os.path.isfile(info_file):
     report = Report(path, [], sorted(done), *_totals(done), time.time() - start)
     log(f'{path} is already prepared from these {len(want)} shards; nothing to do.')
     return report
