@@ -36,7 +36,7 @@ def get_config() -> config_dict.ConfigDict:
 
   c.data = config_dict.ConfigDict()
   c.data.source = 'stdlib'          # stdlib (embedded, no download) | text | tfds
-  c.data.tfds_name = ''             # e.g. 'c4/en:3.1.0' when source == 'tfds'
+  c.data.tfds_name = ''             # e.g. 'loco_c4/en:1.0.0' (C4, python -m loco.data.prepare c4)
   c.data.data_dir = ''              # '' -> $LOCO_DATA_DIR or ~/.cache/loco/tfds
   c.data.text_glob = ''             # files to train on when source == 'text'
   c.data.text_key = 'text'          # the text feature of a TFDS dataset

@@ -1,8 +1,9 @@
 """DDP baseline on C4 at the DiLoCo paper's scale: 150M model, 8 workers, global batch 512.
 
-Command (needs C4 prepared as ArrayRecord in DATA_DIR and the C4 SentencePiece model):
+Command (C4 and its SentencePiece model prepared once in DATA_DIR: README, "Paper-scale
+runs (C4)", `python -m loco.data.prepare c4` and `... prepare tokenizer`):
   python -m loco.main --config=experiments/c4_ddp.py --workdir=runs/c4_ddp \
-    --config.data.data_dir=DATA_DIR --config.data.sp_model=PATH/c4_en_32k.model
+    --config.data.data_dir=DATA_DIR --config.data.sp_model=DATA_DIR/c4_en_32k.model
 Expected: accelerator-scale (88k steps of 512 x 1024 tokens); the DiLoCo paper reports
 validation perplexity 16.23 for the single-worker baseline and 15.30 for 8x-batch DP
 (arXiv 2311.08105, Table 2).
@@ -20,7 +21,7 @@ def get_config():
   c.model.preset = '150m'
   c.model.vocab_size = 32_000
   c.data.source = 'tfds'
-  c.data.tfds_name = 'c4/en:3.1.0'
+  c.data.tfds_name = 'loco_c4/en:1.0.0'   # python -m loco.data.prepare c4 (README, C4)
   c.data.tokenizer = 'sentencepiece'
   c.optimizer.lr = 4e-4
   c.optimizer.warmup_steps = 1000

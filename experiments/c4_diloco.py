@@ -1,8 +1,9 @@
 """DiLoCo at the paper's setup: C4, 150M model, 8 workers, H = 500, outer Nesterov 0.7 / 0.9.
 
-Command (needs C4 prepared as ArrayRecord in DATA_DIR and the C4 SentencePiece model):
+Command (C4 and its SentencePiece model prepared once in DATA_DIR: README, "Paper-scale
+runs (C4)", `python -m loco.data.prepare c4` and `... prepare tokenizer`):
   python -m loco.main --config=experiments/c4_diloco.py --workdir=runs/c4_diloco \
-    --config.data.data_dir=DATA_DIR --config.data.sp_model=PATH/c4_en_32k.model
+    --config.data.data_dir=DATA_DIR --config.data.sp_model=DATA_DIR/c4_en_32k.model
 Expected: accelerator-scale; the paper reports validation perplexity 15.02 (non-iid)
 against 16.23 for the baseline, communicating 500x less than DDP (arXiv 2311.08105).
 """

@@ -1,8 +1,9 @@
 """GASLoC at the DiLoCo paper's scale: C4, 150M model, 16 workers on a ring, H = 500.
 
-Command (needs C4 prepared as ArrayRecord in DATA_DIR and the C4 SentencePiece model):
+Command (C4 and its SentencePiece model prepared once in DATA_DIR: README, "Paper-scale
+runs (C4)", `python -m loco.data.prepare c4` and `... prepare tokenizer`):
   python -m loco.main --config=experiments/c4_gasloc.py --workdir=runs/c4_gasloc \
-    --config.data.data_dir=DATA_DIR --config.data.sp_model=PATH/c4_en_32k.model
+    --config.data.data_dir=DATA_DIR --config.data.sp_model=DATA_DIR/c4_en_32k.model
 Expected: accelerator-scale (88k steps, the global batch of 512 x 1024 tokens of
 experiments/c4_ddp.py split over 16 workers). No GASLoC numbers are public (arXiv
 2606.11081 gives its abstract only); the reference is DiLoCo at M = 16 on iid shards

@@ -5,9 +5,10 @@ AdamW as the SparseLoCo 512M runs (lr 1e-3, warm-up 500, cosine to 0.1x, clip 1)
 outer: H 15, error feedback beta 0.95, top-128 of every 64x64 tile (3.125%), 2-bit
 binned values, per-coordinate mean over the workers that sent it, plain SGD lr 1.
 
-Command (needs C4 prepared as ArrayRecord in DATA_DIR and the C4 SentencePiece model):
+Command (C4 and its SentencePiece model prepared once in DATA_DIR: README, "Paper-scale
+runs (C4)", `python -m loco.data.prepare c4` and `... prepare tokenizer`):
   python -m loco.main --config=experiments/c4_sparseloco.py --workdir=runs/c4_sparseloco \
-    --config.data.data_dir=DATA_DIR --config.data.sp_model=PATH/c4_en_32k.model
+    --config.data.data_dir=DATA_DIR --config.data.sp_model=DATA_DIR/c4_en_32k.model
 Expected: accelerator-scale. The paper (512M, DCLM, R = 8) reports SparseLoCo below
 Nesterov DiLoCo at every H in 15..250 while sending 1-3% of values at 2 bits
 (arXiv 2508.15706; exact losses not retrieved, REFERENCES §4); 0.44 bits per

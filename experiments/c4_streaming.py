@@ -1,8 +1,9 @@
 """Streaming DiLoCo at the paper's settings on C4: 150M model, 2 workers, H = 100.
 
-Command (needs C4 prepared as ArrayRecord in DATA_DIR and the C4 SentencePiece model):
+Command (C4 and its SentencePiece model prepared once in DATA_DIR: README, "Paper-scale
+runs (C4)", `python -m loco.data.prepare c4` and `... prepare tokenizer`):
   python -m loco.main --config=experiments/c4_streaming.py --workdir=runs/c4_streaming \
-    --config.data.data_dir=DATA_DIR --config.data.sp_model=PATH/c4_en_32k.model
+    --config.data.data_dir=DATA_DIR --config.data.sp_model=DATA_DIR/c4_en_32k.model
 Expected: accelerator-scale (the steps and global batch of 512 x 1024 tokens of c4_ddp).
 The paper (arXiv 2501.18512) trains M = 2 replicas with H = 100, 3 layers per fragment
 (strided), tau = 1, alpha = 0.5, E3M0 outer gradients and outer Nesterov 0.4 / 0.9, and

@@ -36,12 +36,22 @@ def test_there_are_configs():
           'c4_gasloc', 'tiny_gossip:noloco'} <= set(CONFIGS)
 
 
+@pytest.fixture(scope='module')
+def sp_model(tmp_path_factory, small_corpus_glob):
+  """A small SentencePiece model standing in for the one the user passes (C4's)."""
+  from loco.data import tokenizers
+  path = str(tmp_path_factory.mktemp('sp') / 'user-supplied.model')
+  texts = (open(p, 'rb').read() for p in sorted(glob.glob(small_corpus_glob)))
+  tokenizers.train_sentencepiece(texts, vocab_size=400, output=path)
+  return path
+
+
 @pytest.mark.parametrize('name', CONFIGS)
-def test_config_initialises_abstractly(name):
+def test_config_initialises_abstractly(name, sp_model):
   module, config = _get_config(name)
   assert module.__doc__ and 'python -m loco.main' in module.__doc__, (
       'a config file documents its command, runtime and expected result')
-  exp = train.parse_config(_with_user_paths(config))
+  exp = train.parse_config(_with_user_paths(config, sp_model))
   algorithm = train.build_algorithm(exp)
   key = jax.random.PRNGKey(0)
   params = jax.eval_shape(lambda k: model_lib.init_params(exp.model, k)[1], key)
@@ -51,10 +61,10 @@ def test_config_initialises_abstractly(name):
   assert model_lib.flops_per_token(exp.model, exp.run.seq_len) > 0
 
 
-def _with_user_paths(config):
+def _with_user_paths(config, sp_model):
   # Paper-scale configs leave the SentencePiece model path to the user's command line.
   if config.data.tokenizer == 'sentencepiece' and not config.data.sp_model:
-    config.data.sp_model = 'user-supplied.model'
+    config.data.sp_model = sp_model
   return config
 
 
@@ -62,10 +72,10 @@ TFDS_CONFIGS = [n for n in CONFIGS if _get_config(n)[1].data.source == 'tfds']
 
 
 @pytest.mark.parametrize('name', TFDS_CONFIGS)
-def test_tfds_config_reads_mock_data(name, tmp_path):
+def test_tfds_config_reads_mock_data(name, tmp_path, sp_model):
   import tensorflow_datasets as tfds
-  import tensorflow_datasets.text.c4  # noqa: F401  (registers the C4 builder for mocking)
-  config = _with_user_paths(_get_config(name)[1])
+  import loco.data.c4  # noqa: F401  (registers loco_c4, what the c4 configs read, for mocking)
+  config = _with_user_paths(_get_config(name)[1], sp_model)
   exp = train.parse_config(config)
   # The real SentencePiece model is not shipped; bytes keep the pipeline testable.
   # mock_data serves the examples; the data dir only has to exist (never the user's).

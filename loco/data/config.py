@@ -14,6 +14,21 @@ NONIID_BY = ('file', 'cluster')
 
 _DEFAULT_DATA_DIR = os.path.join('~', '.cache', 'loco', 'tfds')
 
+# C4 as `python -m loco.data.prepare c4` writes it (loco.data.c4), and the commands
+# that errors give when it or its tokenizer is missing.
+C4_TFDS_NAME = 'loco_c4/en:1.0.0'
+C4_PREPARE_COMMAND = (
+    'python -m loco.data.prepare c4 --source=C4_DIR --data_dir=DATA_DIR')
+C4_TOKENIZER_COMMAND = (
+    'python -m loco.data.prepare tokenizer --data_dir=DATA_DIR '
+    '--output=DATA_DIR/c4_en_32k.model')
+C4_README = 'README, "Paper-scale runs (C4)"'
+
+
+def is_c4(tfds_name: str) -> bool:
+  """Whether `tfds_name` is the C4 dataset that loco prepares."""
+  return tfds_name.split(':')[0] == C4_TFDS_NAME.split(':')[0]
+
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
@@ -24,7 +39,7 @@ class DataConfig:
   """
 
   source: str = 'stdlib'        # stdlib (embedded, no download) | text (own files) | tfds
-  tfds_name: str = ''           # e.g. 'c4/en:3.1.0' when source == 'tfds'
+  tfds_name: str = ''           # e.g. C4_TFDS_NAME (loco.data.prepare c4) when source == 'tfds'
   data_dir: str = ''            # '' -> $LOCO_DATA_DIR or ~/.cache/loco/tfds; gs:// passes
   text_glob: str = ''           # files when source == 'text' ('**' recurses); one per document
   text_key: str = 'text'        # the feature holding the text in a TFDS dataset
@@ -50,6 +65,15 @@ class DataConfig:
       raise errors.ConfigError(
           "data.text_glob is empty; source 'text' needs a glob of text files "
           "such as '~/corpus/**/*.txt'.")
+    if (self.tokenizer == 'sentencepiece' and not self.sp_model
+        and self.source == 'tfds' and is_c4(self.tfds_name)):
+      raise errors.ConfigError(
+          'data.sp_model is empty; the C4 configs need a SentencePiece model: '
+          f'prepare C4 and its tokenizer with `{C4_PREPARE_COMMAND}` and '
+          f'`{C4_TOKENIZER_COMMAND}` ({C4_README}), then pass '
+          '--config.data.data_dir=DATA_DIR '
+          '--config.data.sp_model=DATA_DIR/c4_en_32k.model (or the path of '
+          "T5's 32k C4 .model).")
     if self.tokenizer == 'sentencepiece' and not self.sp_model:
       raise errors.ConfigError(
           "data.sp_model is empty; tokenizer 'sentencepiece' needs the path "

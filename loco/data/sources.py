@@ -6,7 +6,8 @@ order) are sorted by path and empty files are dropped; larger ones are read
 lazily in their stored order (train: sorted paths; validation: the order that
 makes its halves exchangeable, see loco.data.corpus). A TFDS dataset is read
 lazily through `tfds.data_source` (ArrayRecord, no TensorFlow); loco never
-downloads or prepares it.
+downloads it, and prepares only C4, from local files, with `python -m
+loco.data.prepare c4` (loco.data.c4), which its errors name.
 """
 
 from __future__ import annotations
@@ -152,16 +153,42 @@ def _not_prepared(name: str, data_dir: str, why: str) -> errors.DataError:
       'ArrayRecord build of it there.')
 
 
+def _check_c4(name: str, data_dir: str) -> None:
+  """Says how to prepare C4 when it is missing or half-prepared in `data_dir`."""
+  from loco.data import c4  # pylint: disable=g-import-not-at-top
+  if c4.is_prepared(data_dir):
+    return
+  command = config_lib.C4_PREPARE_COMMAND.replace('DATA_DIR', data_dir)
+  if os.path.isdir(c4.dataset_path(data_dir)):
+    raise errors.DataError(
+        f'C4 ({name}) in {c4.dataset_path(data_dir)} is only partly prepared (the '
+        'preparation was stopped); run the same command again, it resumes: '
+        f'`{command}` ({config_lib.C4_README}).')
+  raise errors.DataError(
+      f'C4 ({name}) is not prepared in {data_dir} (data.data_dir); prepare it '
+      f'with: `{command}` ({config_lib.C4_README}).')
+
+
 def _open_tfds(cfg: config_lib.DataConfig, split: str) -> TfdsDocuments:
   name, data_dir = cfg.tfds_name, cfg.resolved_data_dir
+  c4_here = config_lib.is_c4(name) and '://' not in data_dir
   if '://' not in data_dir and not os.path.isdir(data_dir):
+    if c4_here:
+      _check_c4(name, data_dir)
     raise errors.DataError(
         f'data dir {data_dir} (data.data_dir) does not exist; TFDS dataset '
         f'{name!r} must be prepared there as ArrayRecord: loco does not '
         f'download datasets (run {_build_command(name, data_dir)}).')
   try:
-    source = tfds.data_source(name, split=split, data_dir=data_dir,
-                              download=False)
+    try:
+      source = tfds.data_source(name, split=split, data_dir=data_dir,
+                                download=False)
+    except Exception:  # pylint: disable=broad-except
+      if c4_here:  # (Not before: tfds.testing.mock_data serves C4 without files.)
+        _check_c4(name, data_dir)  # Missing or half-prepared: says how to prepare it.
+      raise
+  except errors.DataError:
+    raise
   except tfds.core.registered.DatasetNotFoundError as e:
     raise _not_prepared(name, data_dir, 'not prepared') from e
   except NotImplementedError as e:

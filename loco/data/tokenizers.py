@@ -127,6 +127,12 @@ def make_tokenizer(cfg: config_lib.DataConfig) -> Tokenizer:
   """Returns the tokenizer named by `cfg.tokenizer`."""
   if cfg.tokenizer == 'bytes':
     return ByteTokenizer()
+  if (cfg.source == 'tfds' and config_lib.is_c4(cfg.tfds_name) and '://' not in cfg.sp_model
+      and not os.path.exists(os.path.expanduser(cfg.sp_model))):
+    raise errors.DataError(
+        f'SentencePiece model {cfg.sp_model} (data.sp_model) does not exist; train one '
+        f'on the prepared C4 with `{config_lib.C4_TOKENIZER_COMMAND}` '
+        f"({config_lib.C4_README}) or give the path of T5's 32k C4 .model.")
   return SentencePieceTokenizer(cfg.sp_model)
 
 
