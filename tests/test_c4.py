@@ -143,7 +143,8 @@ def test_missing_data_and_tokenizer_say_how_to_prepare_them(prepared, tmp_path):
   missing = str(tmp_path / 'nope.model')
   with pytest.raises(errors.DataError,
                      match=f'{missing} .*does not exist.*prepare tokenizer'):
-    train.parse_config(_c4_config(prepared, sp_model=missing))
+    train.run(_c4_config(prepared, sp_model=missing), str(tmp_path / 'run2'))
+  assert not os.path.exists(tmp_path / 'run2')
 
 
 @pytest.mark.parametrize('content,match', [
