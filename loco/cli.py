@@ -67,11 +67,14 @@ def _terminate(signum, frame):
 
 def run(prog: str, body: Callable[[], int | None]) -> int:
   """Runs `body()` inside the boundary; returns the process's exit code."""
-  previous = signal.getsignal(signal.SIGTERM)
+  previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
   try:
     signal.signal(signal.SIGTERM, _terminate)   # a scheduler's stop reads like Ctrl-C
-  except ValueError:   # not the main thread: leave SIGTERM alone
-    previous = None
+    # A process started in the background of a script inherits SIGINT ignored, and
+    # Python then never raises KeyboardInterrupt: Ctrl-C must stop every command.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+  except ValueError:   # not the main thread: leave the signals alone
+    previous = {}
   try:
     return int(body() or 0)
   except KeyboardInterrupt:
@@ -85,8 +88,8 @@ def run(prog: str, body: Callable[[], int | None]) -> int:
     print(f'{prog}: error: {describe_os_error(e)}', file=sys.stderr)
     return 1
   finally:
-    if previous is not None:
-      signal.signal(signal.SIGTERM, previous)
+    for sig, handler in previous.items():
+      signal.signal(sig, handler)
     sys.stdout.flush()
 
 
