@@ -206,9 +206,10 @@ def judge(g: Mapping[str, Group], tests: Sequence[Test]) -> Verdict:
   if any(holm.reject):
     return Verdict('not reproduced', done, f'{int(sum(holm.reject))} of {len(done)} '
                    'comparisons refuted after Holm')
-  held = words.count('reproduced')
-  return Verdict('inconclusive', done, f'{held} of {len(done)} comparisons hold; none is '
-                 'refuted after Holm')
+  held, alone = words.count('reproduced'), words.count('not reproduced')
+  return Verdict('inconclusive', done, f'{held} of {len(done)} comparisons hold and '
+                 f'{alone} are refuted each on its own, none after Holm\'s correction for '
+                 f'{len(done)} comparisons')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +221,11 @@ class Claim:
   finals: tuple[str, ...]           # plotted and tabled
   tests: Callable[[Mapping[str, Any]], list[Test]]
   x: str = 'tokens'                 # 'tokens' or 'sim_seconds'
+
+  @property
+  def units(self) -> str:
+    """What a compared value is: a final eval loss, or simulated seconds to the target."""
+    return 'simulated seconds' if self.x == 'sim_seconds' else 'nats'
 
 
 def _form(picks, pair: tuple[str, str]) -> str:
@@ -334,8 +340,12 @@ def times_to_target(out: str, scale: Scale, g: Mapping[str, Group]) -> dict[str,
 
 # ---- the page --------------------------------------------------------------------------
 
-def _table(claim: Claim, g: Mapping[str, Group], reference: str | None) -> list[str]:
-  rows = ['| final | seeds: final eval loss | mean ± std | paired difference to '
+def _table(claim: Claim, g: Mapping[str, Group], reference: str | None,
+           traffic: Mapping[str, Group]) -> list[str]:
+  """Per final: its per-seed values, the paired comparison with `reference`, and the
+  bytes of its runs (`traffic`: the finals, also where `g` holds seconds to a target)."""
+  what = 'seconds to the target' if claim.x == 'sim_seconds' else 'final eval loss'
+  rows = [f'| final | seeds: {what} | mean ± std | paired difference to '
           f'{reference} [95% CI], test | eval SE of the difference (clustered) | bytes '
           'sent / worker | bytes received / worker | peak bytes sent / step |',
           '|---|---|---|---|---|---|---|---|']
@@ -349,16 +359,17 @@ def _table(claim: Claim, g: Mapping[str, Group], reference: str | None) -> list[
       c = study.compare(x, g[reference])
       diff = c.text().split('; eval SE')[0]
       se = '—' if c.eval_se is None else f'{c.eval_se:.4f}'
+    b = traffic.get(n, x)
     rows.append(f'| {n} | {x.per_seed()} | {x.text()} | {diff} | {se} | '
-                f'{report._bytes(x.bytes_sent)} | {report._bytes(x.bytes_received)} | '
-                f'{report._bytes(x.peak_bytes)} |')
+                f'{report._bytes(b.bytes_sent)} | {report._bytes(b.bytes_received)} | '
+                f'{report._bytes(b.peak_bytes)} |')
   return rows
 
 
-def _tests_text(v: Verdict) -> list[str]:
+def _tests_text(v: Verdict, units: str) -> list[str]:
   lines = []
   for t, c in v.tests:
-    lines.append(f'- {t.a} - {t.b} < {t.margin.nats:.4f} nats ({t.margin.source}): '
+    lines.append(f'- {t.a} - {t.b} < {t.margin.nats:.4f} {units} ({t.margin.source}): '
                  f'**{c.verdict()}**; difference minus margin {c.text()}')
   if v.note:
     lines.append(f'- {v.note}.')
@@ -395,24 +406,26 @@ def write_page(out: str, scale: Scale, page: str, figures: str, seconds: float,
     try:
       v = judge(groups, claim.tests(picks))
       word = v.word
-      measured = '; '.join(f'{n}: {groups[n].text()}' for n in claim.finals if n in groups)
+      measured = '; '.join(
+          f'{n}: {groups[n].mean:.1f} ± {groups[n].std:.1f} s' if claim.x == 'sim_seconds'
+          else f'{n}: {groups[n].text()}' for n in claim.finals if n in groups)
     except KeyError as e:
       v, word, measured = None, 'not run', f'missing finals: {e.args[0]}'
     if claim.x == 'sim_seconds' and t9:
       never = {n: s for n, s in t9['never'].items() if s}
-      measured = (f'seconds to {t9["target"]:.3f}: {measured}' +
+      measured = (f'simulated seconds to eval loss {t9["target"]:.3f}: {measured}' +
                   (f'; never reached: {never}' if never else ''))
     figure = f'claim{claim.number}.png'
     _plot(claim, g, out, scale, t9, os.path.join(figures, figure))
     rows.append(f'| {claim.number} | {claim.statement} ({claim.source}) | {measured} | '
                 f'**{word}** | [plot]({rel}/{figure}) |')
-    reference = claim.finals[0]
-    table = _table(claim, groups if claim.x == 'sim_seconds' else g, reference)
+    table = _table(claim, groups if claim.x == 'sim_seconds' else g, claim.finals[0], g)
     details.append('\n'.join([
         f'### Claim {claim.number}', '', f'{claim.statement} ({claim.source})', '',
         f'Regime: {claim.regime}', '', f'Verdict: **{word}**.',
-        *(_tests_text(v) if v else []), '',
-        *(['Values are simulated seconds to the target.', ''] if claim.x == 'sim_seconds'
+        *(_tests_text(v, claim.units) if v else []), '',
+        *(['Values are simulated seconds (slow links) to the target; bytes are the runs\'.',
+           ''] if claim.x == 'sim_seconds'
           else []),
         *table, '', f'![claim {claim.number}]({rel}/{figure})', '']))
   tuning = ['| method | settings tried (final eval loss, seed 0, tuning split) | pick | '
@@ -432,7 +445,8 @@ def write_page(out: str, scale: Scale, page: str, figures: str, seconds: float,
       '',
       f'Budget of this page: {scale.budget}, H = {scale.sync_every}.',
       '',
-      '| # | claim (source) | measured (final eval loss, mean ± std over seeds) | '
+      '| # | claim (source) | measured (final eval loss, or claim 9\'s seconds, mean ± std '
+      'over seeds) | '
       'verdict | plot |',
       '|---|---|---|---|---|',
       *rows,
