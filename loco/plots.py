@@ -1,20 +1,27 @@
-"""Shared plots: learning curves over seeds (matplotlib, no display needed)."""
+"""Shared plots (matplotlib on the Agg backend, no display needed): learning curves over
+seeds (the claims page), eval loss against each x axis and per network (loco.report)."""
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+import math
+import os
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
 Curve = Sequence[tuple[float, float]]     # [(x, loss)] of one run
 
 
-def figure(panels: int, width: float = 5.0, height: float = 3.6):
-  """(fig, axes): a row of `panels` axes on the Agg backend."""
+def _pyplot():
   import matplotlib
   matplotlib.use('Agg')
   import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, panels, figsize=(width * panels, height), squeeze=False)
+  return plt
+
+
+def figure(panels: int, width: float = 5.0, height: float = 3.6):
+  """(fig, axes): a row of `panels` axes of `width` x `height` inches each."""
+  fig, axes = _pyplot().subplots(1, panels, figsize=(width * panels, height), squeeze=False)
   return fig, list(axes[0])
 
 
@@ -49,8 +56,84 @@ def seed_curves(ax, series: Mapping[str, Sequence[Curve]], xlabel: str,
     ax.legend(fontsize=7)
 
 
-def save(fig, path: str) -> None:
-  import matplotlib.pyplot as plt
+def save(fig, path: str, dpi: int = 90) -> None:
   fig.tight_layout()
-  fig.savefig(path, dpi=90)
+  fig.savefig(path, dpi=dpi)
+  _pyplot().close(fig)
+
+
+Series = Sequence[tuple[str, Sequence[Mapping[str, Any]]]]   # (label, its eval rows)
+
+
+def against_axes(series: Series, out_dir: str,
+                 axes: Sequence[tuple[str, str, str]], target: float | None = None
+                 ) -> list[str]:
+  """One PNG per (metrics key, file name, x label) of `axes`: eval loss of every run
+  against that key. The simulated-seconds plot only if some run has sim_seconds > 0;
+  bytes on a log axis when every value is positive; `target` as a dashed line."""
+  if not series:
+    return []
+  os.makedirs(out_dir, exist_ok=True)
+  written = []
+  for key, filename, xlabel in axes:
+    values = [r.get(key) or 0 for _, rows in series for r in rows]
+    if key == 'sim_seconds' and not any(v > 0 for v in values):
+      continue
+    fig, (ax,) = figure(1, 7, 4.5)
+    for label, rows in series:
+      ax.plot([r.get(key) or 0 for r in rows], [r['eval_loss'] for r in rows],
+              marker='o', markersize=3, label=label)
+    if key == 'bytes_sent' and all(v > 0 for v in values):
+      ax.set_xscale('log')
+    if target is not None:
+      ax.axhline(target, color='gray', linestyle='--', linewidth=1,
+                 label=f'target {target:.4f}')
+    ax.set(xlabel=xlabel, ylabel='eval loss (worker-averaged model)',
+           title=f'eval loss vs {xlabel}')
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize='small')
+    path = os.path.join(out_dir, filename)
+    save(fig, path, dpi=110)
+    written.append(path)
+  return written
+
+
+def network_panels(panels: Sequence[tuple[str, Series]], path: str,
+                   target: float | None = None) -> str | None:
+  """One panel per network: eval loss of every run against simulated seconds (a log
+  axis when all are positive), one colour per run across panels, a shared legend."""
+  if not panels:
+    return None
+  plt = _pyplot()
+  from matplotlib import ticker
+  runs = list(dict.fromkeys(label for _, series in panels for label, _ in series))
+  colors = {name: f'C{i % 10}' for i, name in enumerate(runs)}
+  cols = min(3, len(panels))
+  rows = math.ceil(len(panels) / cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), sharey=True,
+                           squeeze=False)
+  for ax, (network, series) in zip(axes.flat, panels):
+    for label, evals in series:
+      ax.plot([r.get('sim_seconds') or 0 for r in evals], [r['eval_loss'] for r in evals],
+              marker='o', markersize=3, color=colors[label], label=label)
+    if target is not None:
+      ax.axhline(target, color='gray', linestyle='--', linewidth=1)
+    if all((r.get('sim_seconds') or 0) > 0 for _, evals in series for r in evals):
+      ax.set_xscale('log')
+      ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f'{x:g}'))
+      ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+    ax.set_title(network, fontsize='medium')
+    ax.set_xlabel('simulated seconds')
+    ax.grid(True, alpha=0.3)
+  for ax in axes.flat[len(panels):]:
+    ax.axis('off')
+  for ax in axes[:, 0]:
+    ax.set_ylabel('eval loss')
+  handles, labels = axes.flat[0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc='lower center', ncol=min(len(labels), 6),
+             fontsize='small')
+  fig.tight_layout(rect=(0, 0.4 / fig.get_figheight(), 1, 1))
+  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+  fig.savefig(path, dpi=110)
   plt.close(fig)
+  return path

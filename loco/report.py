@@ -33,6 +33,7 @@ import sys
 from typing import Any, Sequence
 
 from loco import cli
+from loco import plots
 from loco import runs
 from loco import workdir as workdir_lib
 from loco.errors import LocoError, RunFileError, UsageError
@@ -192,53 +193,10 @@ def summarize(workdirs: Sequence[str], target: float | None = None,
 
 def plot_runs(workdirs: Sequence[str], out_dir: str, labels: Sequence[str] | None = None,
               target: float | None = None) -> list[str]:
-  """Plots eval loss against steps, tokens, bytes sent and simulated seconds.
-
-  One line per run; the simulated-seconds plot only if some run has sim_seconds > 0,
-  and bytes on a log axis when every value is positive.
-
-  Args:
-    workdirs: run directories with a metrics.jsonl (others are left out).
-    out_dir: where the PNGs go (created).
-    labels: a legend label per workdir; default: the names `summarize` gives.
-    target: an eval loss drawn as a dashed line, if given.
-
-  Returns:
-    The paths of the PNGs written.
-  """
-  import matplotlib
-  matplotlib.use('Agg')
-  from matplotlib import pyplot as plt
-
+  """Plots eval loss against steps, tokens, bytes sent and simulated seconds
+  (`plots.against_axes`): one line per run with a metrics.jsonl; returns the PNGs."""
   labels = list(labels) if labels is not None else _names(workdirs)
-  series = _eval_series(zip(labels, workdirs))
-  if not series:
-    return []
-  os.makedirs(out_dir, exist_ok=True)
-  written = []
-  for key, filename, xlabel in PLOTS:
-    values = [r.get(key) or 0 for _, evals in series for r in evals]
-    if key == 'sim_seconds' and not any(v > 0 for v in values):
-      continue
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, evals in series:
-      ax.plot([r.get(key) or 0 for r in evals], [r['eval_loss'] for r in evals],
-              marker='o', markersize=3, label=label)
-    if key == 'bytes_sent' and all(v > 0 for v in values):
-      ax.set_xscale('log')
-    if target is not None:
-      ax.axhline(target, color='gray', linestyle='--', linewidth=1,
-                 label=f'target {target:.4f}')
-    ax.set(xlabel=xlabel, ylabel='eval loss (worker-averaged model)',
-           title=f'eval loss vs {xlabel}')
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize='small')
-    fig.tight_layout()
-    path = os.path.join(out_dir, filename)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
-  return written
+  return plots.against_axes(_eval_series(zip(labels, workdirs)), out_dir, PLOTS, target)
 
 
 def _eval_series(pairs) -> list[tuple[str, list[dict[str, Any]]]]:
@@ -289,46 +247,8 @@ def network_table(by_network: dict[str, list[tuple[str, str]]], target: float | 
 def plot_networks(by_network: dict[str, list[tuple[str, str]]], path: str,
                   target: float | None = None) -> str | None:
   """One panel per network: eval loss against simulated seconds (log axis), every run."""
-  import matplotlib
-  matplotlib.use('Agg')
-  from matplotlib import pyplot as plt
-  from matplotlib import ticker
-
-  runs = list(dict.fromkeys(name for pairs in by_network.values() for name, _ in pairs))
-  colors = {name: f'C{i % 10}' for i, name in enumerate(runs)}
   panels = [(network, _eval_series(pairs)) for network, pairs in by_network.items()]
-  panels = [(network, series) for network, series in panels if series]
-  if not panels:
-    return None
-  cols = min(3, len(panels))
-  rows = math.ceil(len(panels) / cols)
-  fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), sharey=True,
-                           squeeze=False)
-  for ax, (network, series) in zip(axes.flat, panels):
-    for label, evals in series:
-      ax.plot([r.get('sim_seconds') or 0 for r in evals], [r['eval_loss'] for r in evals],
-              marker='o', markersize=3, color=colors[label], label=label)
-    if target is not None:
-      ax.axhline(target, color='gray', linestyle='--', linewidth=1)
-    if all((r.get('sim_seconds') or 0) > 0 for _, evals in series for r in evals):
-      ax.set_xscale('log')
-      ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f'{x:g}'))
-      ax.xaxis.set_minor_formatter(ticker.NullFormatter())
-    ax.set_title(network, fontsize='medium')
-    ax.set_xlabel('simulated seconds')
-    ax.grid(True, alpha=0.3)
-  for ax in axes.flat[len(panels):]:
-    ax.axis('off')
-  for ax in axes[:, 0]:
-    ax.set_ylabel('eval loss')
-  handles, labels = axes.flat[0].get_legend_handles_labels()
-  fig.legend(handles, labels, loc='lower center', ncol=min(len(labels), 6),
-             fontsize='small')
-  fig.tight_layout(rect=(0, 0.4 / fig.get_figheight(), 1, 1))
-  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return path
+  return plots.network_panels([(n, series) for n, series in panels if series], path, target)
 
 
 def _loss(x):
