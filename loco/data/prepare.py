@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from typing import Iterator
 
 from loco import cli
 from loco.data import config as config_lib
@@ -48,23 +46,12 @@ def _tokenizer(args: argparse.Namespace) -> int:
   cfg = config_lib.DataConfig(source='tfds', tfds_name=config_lib.C4_TFDS_NAME,
                               data_dir=args.data_dir)
   docs = sources.open_documents(cfg, 'train')
-  used = [0, 0]
-
-  def texts() -> Iterator[bytes]:
-    for i in range(len(docs)):
-      text = docs[i]
-      used[0] += 1
-      used[1] += len(text)
-      yield text
-
-  start = time.time()
-  tok = tokenizers.train_sentencepiece(
-      texts(), vocab_size=args.vocab_size, output=args.output,
-      model_type=args.model_type, max_bytes=int(args.sample_mb * 1e6),
-      num_threads=args.num_threads)
+  tok, n_docs, n_bytes, seconds = tokenizers.train_on_documents(
+      docs, vocab_size=args.vocab_size, output=args.output, model_type=args.model_type,
+      max_bytes=int(args.sample_mb * 1e6), num_threads=args.num_threads)
   print(f'wrote {args.output}: vocab {tok.vocab_size}, eos {tok.eos_id}, trained on '
-        f'{used[1] / 1e6:.1f} MB from the first {used[0]:,} documents of the C4 train '
-        f'split in {time.time() - start:.1f} s. Use it with '
+        f'{n_bytes / 1e6:.1f} MB from the first {n_docs:,} documents of the C4 train '
+        f'split in {seconds:.1f} s. Use it with '
         f'--config.data.sp_model={args.output}')
   return 0
 

@@ -224,6 +224,26 @@ def train_sentencepiece(
   return SentencePieceTokenizer(os.fspath(out))
 
 
+def train_on_documents(docs, *, vocab_size: int, output: str, model_type: str,
+                       max_bytes: int, num_threads: int):
+  """`train_sentencepiece` on documents `docs[0], docs[1], ...` in order, up to
+  `max_bytes`; returns (the tokenizer, documents used, bytes used, seconds)."""
+  used = [0, 0]
+
+  def texts() -> Iterator[bytes]:
+    for i in range(len(docs)):
+      text = docs[i]
+      used[0] += 1
+      used[1] += len(text)
+      yield text
+
+  start = time.time()
+  tok = train_sentencepiece(texts(), vocab_size=vocab_size, output=output,
+                            model_type=model_type, max_bytes=max_bytes,
+                            num_threads=num_threads)
+  return tok, used[0], used[1], time.time() - start
+
+
 def _train_main(args: argparse.Namespace) -> None:
   # Imported here: sources pull in tfds, which the tokenizer itself never needs.
   from loco.data import sources  # pylint: disable=g-import-not-at-top
@@ -235,23 +255,12 @@ def _train_main(args: argparse.Namespace) -> None:
       train_split=args.split,
       eval_split='validation' if args.split != 'validation' else 'train')
   docs = sources.open_documents(cfg, args.split)
-  used = [0, 0]
-
-  def texts() -> Iterator[bytes]:
-    for i in range(len(docs)):
-      text = docs[i]
-      used[0] += 1
-      used[1] += len(text)
-      yield text
-
-  start = time.time()
-  tok = train_sentencepiece(
-      texts(), vocab_size=args.vocab_size, output=args.output,
-      model_type=args.model_type, max_bytes=args.max_bytes,
-      num_threads=args.num_threads)
+  tok, n_docs, n_bytes, seconds = train_on_documents(
+      docs, vocab_size=args.vocab_size, output=args.output, model_type=args.model_type,
+      max_bytes=args.max_bytes, num_threads=args.num_threads)
   print(f'wrote {args.output}: vocab {tok.vocab_size}, eos {tok.eos_id}, '
-        f'trained on {used[1] / 1e6:.1f} MB from {used[0]} documents of '
-        f'{docs.name} in {time.time() - start:.1f} s')
+        f'trained on {n_bytes / 1e6:.1f} MB from {n_docs} documents of '
+        f'{docs.name} in {seconds:.1f} s')
 
 
 def main(argv: list[str] | None = None) -> int:
