@@ -35,6 +35,7 @@ from typing import Any, Sequence
 from loco import cli
 from loco import plots
 from loco import runs
+from loco import stats
 from loco import workdir as workdir_lib
 from loco.errors import LocoError, RunFileError, UsageError
 # The run directory's names live in loco.runs; these aliases keep older imports working.
@@ -326,6 +327,7 @@ def seed_groups(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     best = [m['best_eval_loss'] for m in members]
     out.append(dict(name=name, n=len(members), seeds=sorted(m['seed'] for m in members),
                     final_mean=statistics.mean(final), final_std=statistics.stdev(final),
+                    final_ci=stats.mean_ci(final).ci,
                     best_mean=statistics.mean(best), best_std=statistics.stdev(best),
                     bytes_sent=statistics.mean(m['bytes_sent'] or 0.0 for m in members),
                     bytes_received=statistics.mean(m['bytes_received'] or 0.0
@@ -334,10 +336,12 @@ def seed_groups(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def seed_table(groups: Sequence[dict[str, Any]]) -> str:
-  lines = ['| runs | n | seeds | final eval loss | best eval loss | bytes sent / worker | '
-           'bytes received / worker |', '|---|---|---|---|---|---|---|']
+  lines = ['| runs | n | seeds | final eval loss (mean ± std) | its 95% CI (t, n - 1 df) | '
+           'best eval loss | bytes sent / worker | bytes received / worker |',
+           '|---|---|---|---|---|---|---|---|']
   lines += [f'| {g["name"]} | {g["n"]} | {", ".join(map(str, g["seeds"]))} | '
             f'{g["final_mean"]:.4f} ± {g["final_std"]:.4f} | '
+            f'[{g["final_ci"][0]:.4f}, {g["final_ci"][1]:.4f}] | '
             f'{g["best_mean"]:.4f} ± {g["best_std"]:.4f} | {_bytes(g["bytes_sent"])} | '
             f'{_bytes(g.get("bytes_received"))} |'
             for g in groups]
@@ -464,8 +468,11 @@ def write_report(paths: Sequence[str], out: str | None = None,
   groups = seed_groups(rows)
   if groups:
     lines += ['## Over seeds', '',
-              'Finished runs whose configs differ only in `seed`: mean ± sample standard '
-              'deviation.', '', seed_table(groups), '']
+              'Finished runs whose configs differ only in `seed` (or in keys that only '
+              'change how a run executes or logs): mean ± sample standard deviation, and '
+              'the 95% confidence interval of the mean from Student\'s t with n - 1 '
+              'degrees of freedom. To compare two settings, pair them by seed '
+              '(`loco.stats.paired_t`).', '', seed_table(groups), '']
   lines += ['## Problems: failed, diverged, incomplete, unreadable and unstarted runs, '
             'damaged metrics', '',
             *([f'- {p}' for p in problems] or ['None.'])]

@@ -274,8 +274,12 @@ def test_runs_that_differ_only_in_seed_are_summarised_as_mean_and_std(tmp_path):
   assert a['final_mean'] == pytest.approx(2.2) and a['final_std'] == pytest.approx(0.2)
   assert a['best_mean'] == pytest.approx(6.2 / 3) and a['best_std'] == pytest.approx(0.2 / 3 ** 0.5)
   assert by_name['b']['final_std'] == pytest.approx(2 ** 0.5)
+  # 95% CI of a's mean: 2.2 +- t(0.975, 2) x 0.2 / sqrt(3), t = 4.3027.
+  half = 4.302653 * 0.2 / 3 ** 0.5
+  assert a['final_ci'] == pytest.approx((2.2 - half, 2.2 + half), abs=1e-5)
   out = io.StringIO()
   path = report.write_report([root], str(tmp_path / 'out'), stream=out)
   text = open(path).read()
-  assert '## Over seeds' in text and '| a | 3 | 0, 1, 2 | 2.2000 ± 0.2000 |' in text
+  assert '## Over seeds' in text
+  assert '| a | 3 | 0, 1, 2 | 2.2000 ± 0.2000 | [1.7032, 2.6968] |' in text
   assert 'over seeds (mean ± std):' in out.getvalue()
