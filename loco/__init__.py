@@ -1,1 +1,64 @@
-"""loco: communication-efficient LLM pre-training with simulated workers."""
+"""loco: communication-efficient LLM pre-training with simulated workers.
+
+The stable surface (everything else is internal and may move):
+
+  the contract      Algorithm, LocoState, StepContext, StepInfo, local_updates
+  algorithms        REGISTRY, make_algorithm; the modules comm, compress, topology, optim
+  the model         ModelConfig, model_config, init_params, loss_fn
+  data              DataConfig, make_train_iterator, make_eval_windows
+  runs              train (train.run(config, workdir)), evaluate_run, read_run
+  measurement       stats, study
+
+  import loco
+  alg = loco.make_algorithm('diloco', inner, sync_every=50)
+  state = alg.init(params, 8, key)
+  state, info = alg.step(state, grads_MxP)
+
+Names are imported on first use, so `import loco` stays cheap (no JAX until needed).
+"""
+
+import importlib
+from typing import Any
+
+# name -> (module, attribute); attribute None: the module itself.
+_EXPORTS = {
+    'Algorithm': ('loco.engine', 'Algorithm'),
+    'LocoState': ('loco.engine', 'LocoState'),
+    'StepContext': ('loco.engine', 'StepContext'),
+    'StepInfo': ('loco.engine', 'StepInfo'),
+    'local_updates': ('loco.engine', 'local_updates'),
+    'REGISTRY': ('loco.algorithms', 'REGISTRY'),
+    'make_algorithm': ('loco.algorithms', 'make'),
+    'comm': ('loco.comm', None),
+    'compress': ('loco.compress', None),
+    'topology': ('loco.topology', None),
+    'optim': ('loco.optim', None),
+    'ModelConfig': ('loco.model', 'ModelConfig'),
+    'model_config': ('loco.model', 'model_config'),
+    'init_params': ('loco.model', 'init_params'),
+    'loss_fn': ('loco.model', 'loss_fn'),
+    'DataConfig': ('loco.data', 'DataConfig'),
+    'make_train_iterator': ('loco.data', 'make_train_iterator'),
+    'make_eval_windows': ('loco.data', 'make_eval_windows'),
+    'train': ('loco.train', None),
+    'evaluate_run': ('loco.evaluate', 'evaluate_run'),
+    'read_run': ('loco.runs', 'read_run'),
+    'stats': ('loco.stats', None),
+    'study': ('loco.study', None),
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+  if name not in _EXPORTS:
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+  module, attribute = _EXPORTS[name]
+  value = importlib.import_module(module)
+  if attribute is not None:
+    value = getattr(value, attribute)
+  globals()[name] = value
+  return value
+
+
+def __dir__() -> list[str]:
+  return sorted(list(globals()) + __all__)
