@@ -334,7 +334,7 @@ def times_to_target(out: str, scale: Scale, g: Mapping[str, Group]) -> dict[str,
     reached = {s: x for s, x in seconds.items() if x is not None}
     if reached:
       result['groups'][n] = Group(n, reached, {}, None, 0.0, 0.0, 0.0,
-                                  [per_seed[s] for s in sorted(per_seed)], [])
+                                  [per_seed[s] for s in sorted(per_seed)])
   return result
 
 

@@ -314,12 +314,10 @@ def seed_groups(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
   (the first run's, with its seed part removed), n, seeds, and the mean and sample
   standard deviation of the final and best eval loss; bytes sent and received per
   worker (means)."""
-  groups: dict[str, list[dict[str, Any]]] = {}
-  for r in rows:
-    if r['status'] == 'finished' and _finite(r['final_eval_loss']) and r.get('setting'):
-      groups.setdefault(r['setting'], []).append(r)
+  finished = [r for r in rows
+              if r['status'] == 'finished' and _finite(r['final_eval_loss']) and r.get('setting')]
   out = []
-  for members in groups.values():
+  for _, members in stats.seed_groups(finished, key=lambda r: r['setting']):
     if len({m['seed'] for m in members}) < 2:
       continue
     name = re.sub(r'[_-]?seed[_=-]?\d+', '', members[0]['name']) or members[0]['name']

@@ -227,18 +227,28 @@ def final_runs(methods: Sequence[Method], finals: Sequence[Final], budget: Budge
           for f in finals for seed in budget.seeds]
 
 
+def _final(out: str, name: str, seed: int, budget: Budget):
+  """(the final's run, its loco.evaluate result if that scored its last step), or None
+  if the run is not there or not finished."""
+  d = os.path.join(out, 'final', name, f'seed{seed}')
+  if not os.path.isdir(d):
+    return None
+  run = runs_lib.read_run(d)
+  if run.status != 'finished':
+    return None
+  scored = runs_lib.read_json_object(
+      evaluate.result_path(d, budget.final_split, budget.score_batches, 16))
+  return run, (scored if (scored or {}).get('step') == run.last.get('step') else None)
+
+
 def score_finals(out: str, finals: Sequence[Final], budget: Budget) -> None:
   """Scores every finished final with loco.evaluate (kept in RUN/evals; redone only
   after more training)."""
   for f in finals:
     for seed in budget.seeds:
-      d = os.path.join(out, 'final', f.name, f'seed{seed}')
-      if not os.path.isdir(d) or runs_lib.read_run(d).status != 'finished':
-        continue
-      scored = runs_lib.read_json_object(
-          evaluate.result_path(d, budget.final_split, budget.score_batches, 16))
-      if (scored or {}).get('step') != runs_lib.read_run(d).last.get('step'):
-        evaluate.evaluate_run(d, budget.score_batches, 16, budget.final_split)
+      found = _final(out, f.name, seed, budget)
+      if found and found[1] is None:
+        evaluate.evaluate_run(found[0].path, budget.score_batches, 16, budget.final_split)
 
 
 @dataclasses.dataclass
@@ -252,7 +262,6 @@ class Group:
   bytes_received: float
   peak_bytes: float
   curves: list[list[tuple[float, float]]]    # per seed: (tokens, eval loss) while training
-  runs: list[runs_lib.Run]
 
   @property
   def values(self) -> list[float]:
@@ -278,14 +287,10 @@ def groups(out: str, finals: Sequence[Final], budget: Budget) -> dict[str, Group
   for f in finals:
     losses, windows, docs, done = {}, {}, None, []
     for seed in budget.seeds:
-      d = os.path.join(out, 'final', f.name, f'seed{seed}')
-      if not os.path.isdir(d):
+      found = _final(out, f.name, seed, budget)
+      if not found or found[1] is None:
         continue
-      run = runs_lib.read_run(d)
-      scored = runs_lib.read_json_object(
-          evaluate.result_path(d, budget.final_split, budget.score_batches, 16))
-      if run.status != 'finished' or not scored or scored.get('step') != run.last.get('step'):
-        continue
+      run, scored = found
       losses[seed] = float(scored['loss'])
       windows[seed] = np.asarray(scored['window_losses'], np.float64).ravel()
       docs = np.asarray(scored['window_docs']).ravel()
@@ -296,7 +301,7 @@ def groups(out: str, finals: Sequence[Final], budget: Budget) -> dict[str, Group
     curves = [[(r['tokens'], r['eval_loss']) for r in run.metrics if 'eval_loss' in r]
               for run in done]
     result[f.name] = Group(f.name, losses, windows, docs, mean('bytes_sent'),
-                           mean('bytes_received'), mean('peak_bytes'), curves, done)
+                           mean('bytes_received'), mean('peak_bytes'), curves)
   return result
 
 

@@ -83,7 +83,7 @@ def test_every_method_gets_five_settings_of_the_same_inner_lrs():
 
 
 def _group(name, losses):
-  return study.Group(name, dict(zip((1, 2, 3), losses)), {}, None, 0.0, 0.0, 0.0, [], [])
+  return study.Group(name, dict(zip((1, 2, 3), losses)), {}, None, 0.0, 0.0, 0.0, [])
 
 
 def test_a_claim_of_several_comparisons_needs_every_one_and_fails_after_holm():

@@ -134,7 +134,7 @@ def test_tune_reads_the_runs_and_picks_the_known_best(tmp_path):
 def _group(name, losses, windows=None, docs=None):
   return study.Group(name, dict(zip((1, 2, 3), losses)),
                      {} if windows is None else dict(zip((1, 2, 3), windows)),
-                     docs, 0.0, 0.0, 0.0, [], [])
+                     docs, 0.0, 0.0, 0.0, [])
 
 
 def test_compare_pairs_by_seed_and_reports_welch_and_the_eval_se():
