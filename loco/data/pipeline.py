@@ -283,7 +283,7 @@ def make_eval_windows(cfg: config_lib.DataConfig, *, batch_size: int, seq_len: i
   stream is cut into `num_batches * batch_size` equal strata and one window of
   `seq_len + 1` tokens is taken at a seeded offset inside each: the windows never
   overlap, every part of the split is read in proportion to its tokens, and every
-  document longer than a stratum is touched. Window k goes to batch k % num_batches, so
+  document that spans two strata is touched. Window k goes to batch k % num_batches, so
   every batch spans the split too. Runs of the same data, split and shapes get the same
   windows; `docs` lets a standard error be clustered by document.
 
