@@ -197,3 +197,12 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, says):
   assert len(lines) == 1 and lines[0].startswith('loco.utilization: error: '), lines
   assert says in lines[0]
   assert out.stdout == ''
+
+
+def test_the_doc_tables_script_runs():
+  out = subprocess.run([sys.executable, 'scripts/utilization_tables.py'], capture_output=True,
+                       text=True, timeout=120,
+                       cwd=__file__.rsplit('/tests/', 1)[0])
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.count('| paper |') == 14 + 15 + 3
+  assert 'python -m loco.utilization --params=1e+10 --step_seconds=0.8' in out.stdout
