@@ -206,3 +206,7 @@ def test_the_doc_tables_script_runs():
   assert out.returncode == 0, out.stderr
   assert out.stdout.count('| paper |') == 14 + 15 + 3
   assert 'python -m loco.utilization --params=1e+10 --step_seconds=0.8' in out.stdout
+  # docs/utilization.md quotes these counts; re-run the script and update it if they move.
+  assert 'equals the paper in 9 of 70 cells' in out.stdout
+  assert 'equals the paper in 52 of 75 cells and is within one grid step (x1.207) in 72' \
+      in out.stdout
