@@ -10,6 +10,10 @@ Chains run **per worker with a named axis**: the engine maps each worker's code 
 `jax.vmap(..., axis_name=WORKERS)` (sharded over a mesh through `spmd_axis_name`), so an
 optax transform sees one worker's tree, and only the communication transforms of
 `loco.comm` look across workers, through named-axis collectives.
+
+`local_updates` reads two policies as values: a `loco.sync_plan.SyncPlan` (which
+fragments of the params sync at which step) and a `loco.merge.Merge` (how a fragment's
+outer step reaches the params, and when); it has no algorithm-specific branches.
 """
 
 import functools
@@ -37,9 +41,10 @@ class StepContext(NamedTuple):
     alive: [M] bool, workers that take part in communication this tick; absent workers
       are left out of averages and adopt what the others agreed on.
     mixing: [M, M] mixing matrix of this tick, overriding a gossip topology.
-    sync: bool scalar, whether the outer step happens this tick (overrides the
-      every-H-steps schedule), or [M] bool, which workers take an outer step this tick
-      (the asynchronous replay: only the workers of this tick's exchanges).
+    sync: bool scalar, whether the outer step happens this tick (overrides a
+      one-fragment sync plan without delay), or [M] bool, which workers take an outer
+      step this tick (the asynchronous replay: only the workers of this tick's
+      exchanges); see `sync_plan.Schedule.syncing`.
     key: a PRNG key for this tick (random matchings, stochastic rounding).
   """
   active: jax.Array | None = None
@@ -93,7 +98,7 @@ class LocoState(NamedTuple):
       gossip.
     outer_state: [M, ...] each worker's outer chain state (float32), one per fragment
       (a tuple) with `fragments`, or None.
-    extra: algorithm-specific per-worker state (() when unused).
+    extra: the merge policy's per-worker state (`merge.Merge.init`; () for none).
     key: PRNG key, shared by all workers, split every step.
   """
   step: jax.Array

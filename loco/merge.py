@@ -2,9 +2,9 @@
 
 A policy is a value that `engine.local_updates` calls; it owns its state:
 
-  init(anchor) -> state              per worker: a tuple of param-shaped float32 trees
-                                     (() when there is none); the engine hands each
-                                     fragment's sync its part of every tree.
+  init(anchor) -> state              a tuple of float32 trees shaped like the
+                                     (worker-stacked) anchor, () for none; the engine
+                                     hands each fragment's sync its part of each tree.
   at_sync(outer, params, anchor,     per worker, inside the worker map, when a fragment
           delta, outer_state, state, syncs: run the outer step and return (params,
           *, context, num_workers)   anchor, outer_state, state). Trees are the
