@@ -217,8 +217,9 @@ def _axis_size(axis_name: str) -> int:
 
 
 def _models_by_all_reduce(delta, theta, mix_deltas, alive, step, axis_name):
-  """`theta_i - step (theta_i - mean(phi))` on the all-reduce path: (updates, CommState)."""
-  # theta_i - mean(phi) = mean(delta) + (theta_i - mean(theta)): the deltas go through
+  """'models' on the all-reduce path: (`theta_i - z_i`, CommState), z the mixed models."""
+  # theta_i - mean(phi) = mean(delta) + (theta_i - mean(theta)) (at step 1; a smaller
+  # step scales the difference from delta_i alike): the deltas go through
   # all_reduce_mean's code, and the anchor term is reduced centred on the max over
   # workers, so that it is exactly 0 for equal anchors (models averaged from equal
   # anchors equal the all-reduce of the pseudo-gradients bit for bit, as DiLoCo's).
