@@ -8,6 +8,7 @@ import pytest
 
 from loco import algorithms
 from loco import comm
+from loco import merge
 from loco import model as model_lib
 from loco import optim
 from loco import train
@@ -346,10 +347,12 @@ def test_train_chunk_skips_inactive_workers_and_reports_the_steppers_loss():
 def test_bad_input():
   with pytest.raises(ConfigError, match='sync_every'):
     local_updates(optax.sgd(1.0), optax.sgd(1.0), 0)
-  with pytest.raises(ConfigError, match='eager updates need'):
-    local_updates(optax.sgd(1.0), optax.sgd(1.0), 2, eager=True)
+  with pytest.raises(ConfigError, match='eager updates'):
+    local_updates(optax.sgd(1.0), optax.sgd(1.0), 2, merge=merge.eager(1, 0.5))
   with pytest.raises(ConfigError, match='merge_alpha'):
-    local_updates(optax.sgd(1.0), optax.sgd(1.0), 2, merge_alpha=2.0)
+    local_updates(optax.sgd(1.0), optax.sgd(1.0), 2, merge=merge.delayed(0, 2.0))
+  with pytest.raises(ConfigError, match='needs an outer chain'):
+    local_updates(optax.sgd(1.0), None, 1, merge=merge.delayed(1, 0.5))
   with pytest.raises(ConfigError, match='algorithm.name'):
     algorithms.make('dilocco', optax.sgd(1.0))
   with pytest.raises(ConfigError, match='outer_optimizer'):

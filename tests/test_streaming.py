@@ -10,7 +10,6 @@ from loco import algorithms
 from loco import model as model_lib
 from loco import optim
 from loco import train
-from loco.algorithms import streaming
 from loco.engine import StepContext
 from loco.errors import ConfigError
 
@@ -35,37 +34,6 @@ def _per_worker_grads(params_MxP, scale=(1.0, -2.0, 0.5)):
   s = jnp.asarray(scale)
   return jax.tree.map(lambda x: s.reshape((-1,) + (1,) * (x.ndim - 1)) * jnp.ones_like(x),
                       params_MxP)
-
-
-def test_block_index_reads_key_paths():
-  cfg = model_lib.model_config('nano')
-  params = jax.eval_shape(lambda k: model_lib.init_params(cfg, k)[1], jax.random.PRNGKey(0))
-  frag = streaming.assign_fragments(params)
-  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-  for (path, _), f in zip(leaves, frag.leaf_fragment):
-    name = jax.tree_util.keystr(path)
-    want = 0 if 'blocks' not in name else 1 + streaming.block_index(path)
-    assert f == want, name
-  assert frag.blocks == ((), (0,), (1,)) and frag.non_block == 0
-  tree = {'layers_3': {'w': 0}, 'h': {'2': {'w': 0}}, 'head': 0}
-  got = [streaming.block_index(p) for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
-  assert got == [2, None, 3]              # sorted keys: h, head, layers_3
-
-
-def test_strided_sequential_own_first():
-  tree = _blocks_tree(num_blocks=6)
-  strided = streaming.assign_fragments(tree, 3)
-  assert strided.blocks == ((), (0, 3), (1, 4), (2, 5))
-  sequential = streaming.assign_fragments(tree, fragment_pattern='sequential',
-                                          layers_per_fragment=2)
-  assert sequential.blocks == ((), (0, 1), (2, 3), (4, 5))
-  first = streaming.assign_fragments(tree, 3, non_block='first')
-  assert first.blocks == ((0, 3), (1, 4), (2, 5)) and first.non_block == 0
-  assert streaming.fragment_sizes(tree, first) == [8 + 4 + 2 * 15, 30, 30]
-  no_blocks = streaming.assign_fragments({'w': jnp.ones(3), 'b': jnp.ones(2)})
-  assert no_blocks.num_fragments == 1 and no_blocks.leaf_fragment == (0, 0)
-  assert streaming.sync_offsets(3, 10) == (0, 3, 6)
-  assert streaming.sync_offsets(5, 100) == (0, 20, 40, 60, 80)
 
 
 def test_one_fragment_no_overlap_alpha0_equals_diloco():

@@ -25,4 +25,4 @@ def ddp(inner: optax.GradientTransformation, *, transport_dtype: str = 'float32'
     Li et al., arXiv 2006.15704 (PyTorch DDP).
   """
   return local_updates(optax.chain(comm.all_reduce_mean(transport_dtype), inner),
-                       outer=None, sync_every=1, mesh=mesh)
+                       None, 1, mesh=mesh)

@@ -42,7 +42,7 @@ def diloco(inner: optax.GradientTransformation, *, sync_every: int = 500,
     outer = optim.outer_optimizer(outer_optimizer, outer_lr, outer_momentum)
   link = (comm.all_reduce_mean(transport_dtype) if compression == 'none' else
           comm.compressed_all_reduce_mean(compress.by_name(compression)))
-  return local_updates(inner, optax.chain(link, outer), sync_every=sync_every, mesh=mesh)
+  return local_updates(inner, optax.chain(link, outer), sync_every, mesh=mesh)
 
 
 def local_sgd(inner: optax.GradientTransformation, *, sync_every: int = 50,

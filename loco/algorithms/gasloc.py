@@ -131,7 +131,7 @@ def gasloc(inner: optax.GradientTransformation, *, sync_every: int = 500,
     mixer = comm.gossip(topology, mix, step_size=gossip_step, dtype=transport_dtype,
                         weights=weights, seed=seed)
     outer_chain = optax.chain(mixer, outer)
-  algorithm = local_updates(inner, outer_chain, sync_every=sync_every, mesh=mesh)
+  algorithm = local_updates(inner, outer_chain, sync_every, mesh=mesh)
   if local_steps is not None:
     algorithm = _with_local_steps(algorithm, local_steps, sync_every)
   peers = lambda m: topology_lib.resolve_topology(topology, m, weights=weights, seed=seed).adjacency

@@ -53,7 +53,7 @@ def dsgd(inner: optax.GradientTransformation, *, topology: str = 'ring',
   mixer = comm.gossip(topology, 'models', step_size=gossip_step, dtype=transport_dtype,
                       weights=weights, seed=seed)
   return local_updates(inner, optax.chain(mixer, optim.outer_optimizer('sgd', 1.0)),
-                       sync_every=1, mesh=mesh)
+                       1, mesh=mesh)
 
 
 def adpsgd(inner: optax.GradientTransformation, *, topology: str = 'exponential',
@@ -79,7 +79,7 @@ def adpsgd(inner: optax.GradientTransformation, *, topology: str = 'exponential'
     Lian et al., arXiv 1710.06952 (AD-PSGD).
   """
   mixer = comm.gossip(topology, 'params', dtype=transport_dtype, seed=seed, pairwise=True)
-  return local_updates(optax.chain(inner, mixer), outer=None, sync_every=1, mesh=mesh)
+  return local_updates(optax.chain(inner, mixer), None, 1, mesh=mesh)
 
 
 class A2CiD2State(NamedTuple):
@@ -181,7 +181,7 @@ def a2cid2(inner: optax.GradientTransformation, *, topology: str = 'ring',
     Nabli, Belilovsky, Oyallon, arXiv 2306.08289.
   """
   exchange = a2cid2_exchange(topology, dtype=transport_dtype, seed=seed)
-  return local_updates(optax.chain(inner, exchange), outer=None, sync_every=1, mesh=mesh)
+  return local_updates(optax.chain(inner, exchange), None, 1, mesh=mesh)
 
 
 def noloco(inner: optax.GradientTransformation, *, sync_every: int = 50,
@@ -213,6 +213,6 @@ def noloco(inner: optax.GradientTransformation, *, sync_every: int = 50,
   """
   mixer = comm.gossip(topology, 'models', dtype=transport_dtype, seed=seed, pairwise=True)
   outer = optim.outer_optimizer('heavy_ball', outer_lr, outer_momentum)
-  algorithm = local_updates(inner, optax.chain(mixer, outer), sync_every=sync_every, mesh=mesh)
+  algorithm = local_updates(inner, optax.chain(mixer, outer), sync_every, mesh=mesh)
   peers = lambda m: topology_lib.resolve_topology(topology, m, seed=seed, pairwise=True).adjacency
   return algorithm._replace(replay=AsyncReplay(sync_every, peers, transport_dtype))

@@ -68,4 +68,4 @@ def sparseloco(inner: optax.GradientTransformation, *, sync_every: int = 15,
   outer = sparseloco_outer(outer_lr=outer_lr, error_decay=error_decay, topk=topk,
                            chunk_size=chunk_size, dense_below=dense_below,
                            compression=compression, aggregation=aggregation)
-  return local_updates(inner, outer, sync_every=sync_every, mesh=mesh)
+  return local_updates(inner, outer, sync_every, mesh=mesh)

@@ -64,7 +64,6 @@ _KEY_SALT = 0x60551
 class GossipState(NamedTuple):
   """State of the `gossip` transform."""
   count: jax.Array          # int32: applications so far (seeds the draw without a key)
-  anchors_equal: jax.Array  # bool: mix='models' on the 'mean' path knows the anchors agree
   comm: CommState           # what the last application put on the wire
 
 
@@ -217,33 +216,23 @@ def _axis_size(axis_name: str) -> int:
   return m
 
 
-def _models_by_all_reduce(delta, theta, state, mix_deltas, alive, step, axis_name):
-  """`theta_i - mean(phi)` on the complete graph: (updates, CommState, anchors equal)."""
-  # theta_i - mean(phi) = mean(delta) + (theta_i - mean(theta)). When every worker knows
-  # the anchors agree, the last term is 0 and only the deltas are all-reduced, with
-  # all_reduce_mean's code: GASLoC on the complete graph is DiLoCo bit for bit, on the
-  # wire too. Otherwise (the first round, and every round after one with an absent
-  # worker, who keeps its own anchor) the anchor term is reduced too, centred on the max
-  # over workers so that it is exactly 0 for equal anchors; that pmax and all-reduce are
-  # left out of the bytes (a real implementation would all-reduce the models). Equal
-  # anchors stay equal after a round without absent workers (the outer chain treats
-  # workers alike).
+def _models_by_all_reduce(delta, theta, mix_deltas, alive, step, axis_name):
+  """'models' on the all-reduce path: (`theta_i - z_i`, CommState), z the mixed models."""
+  # theta_i - mean(phi) = mean(delta) + (theta_i - mean(theta)) (at step 1; a smaller
+  # step scales the difference from delta_i alike): the deltas go through
+  # all_reduce_mean's code, and the anchor term is reduced centred on the max over
+  # workers, so that it is exactly 0 for equal anchors (models averaged from equal
+  # anchors equal the all-reduce of the pseudo-gradients bit for bit, as DiLoCo's).
+  # The bytes are those of one all-reduce of the tree: a real implementation would
+  # all-reduce the models; the pmax and the anchor reduction are not counted.
   mixed, comm = mix_deltas(delta)
-  known = comm_axis.psum((~state.anchors_equal).astype(jnp.int32), axis_name) == 0
-
-  def check(new):
-    theta32 = _f32(theta)
-    centred = optax.tree.sub(theta32, comm_axis.pmax(theta32, axis_name))
-    mean_centred = worker_mean(centred, alive.astype(jnp.float32), axis_name)
-    anchor_term = optax.tree.scale(step, optax.tree.sub(centred, mean_centred))
-    differ = sum(jnp.any(c != 0) for c in jax.tree.leaves(centred))
-    new = optax.tree.add(new, optax.tree.where(alive, anchor_term,
-                                               optax.tree.zeros_like(anchor_term)))
-    return new, (state.count == 0) & (comm_axis.psum(differ, axis_name) == 0)
-
-  out, equal = jax.lax.cond(known, lambda new: (new, jnp.ones((), bool)), check, mixed.new)
-  everyone = comm_axis.psum(alive.astype(jnp.int32), axis_name) == _axis_size(axis_name)
-  return out, comm, equal & everyone
+  theta32 = _f32(theta)
+  centred = optax.tree.sub(theta32, comm_axis.pmax(theta32, axis_name))
+  mean_centred = worker_mean(centred, alive.astype(jnp.float32), axis_name)
+  anchor_term = optax.tree.scale(step, optax.tree.sub(centred, mean_centred))
+  out = optax.tree.add(mixed.new, optax.tree.where(alive, anchor_term,
+                                                   optax.tree.zeros_like(anchor_term)))
+  return out, comm
 
 
 # ---------------------------------------------------------------------------
@@ -308,8 +297,7 @@ def gossip(topology: str | topology_lib.Topology, mix: str = 'models', *,
     del params
     if static_num_workers(axis_name) is not None:
       resolve()            # a topology that does not fit M fails at init
-    return GossipState(jnp.zeros((), jnp.int32), jnp.zeros((), bool),
-                       empty_comm_state(axis_name=axis_name))
+    return GossipState(jnp.zeros((), jnp.int32), empty_comm_state(axis_name=axis_name))
 
   def update(updates, state, params=None, *, context: WorkerContext | None = None, **extra):
     del extra
@@ -319,7 +307,6 @@ def gossip(topology: str | topology_lib.Topology, mix: str = 'models', *,
     key = round_key(context, seed, state.count) if topo.is_random else None
     mix_step = functools.partial(mixing_step, topo=topo, step=gamma, context=context,
                                  key=key, dtype=dtype, impl=impl, axis_name=axis_name)
-    agreed = jnp.zeros((), bool)
     if mix == 'deltas':
       mixed, comm = mix_step(updates)
       out = mixed.new
@@ -327,11 +314,11 @@ def gossip(topology: str | topology_lib.Topology, mix: str = 'models', *,
       mixed, comm = mix_step(params)
       out = optax.tree.add(_f32(updates), mixed.moved)
     elif _path(topo, impl, context) == 'mean':
-      out, comm, agreed = _models_by_all_reduce(updates, params, state, mix_step,
-                                                alive_of(context), gamma, axis_name)
+      out, comm = _models_by_all_reduce(updates, params, mix_step, alive_of(context), gamma,
+                                        axis_name)
     else:   # theta - (phi + moved) = delta - moved
       mixed, comm = mix_step(optax.tree.sub(_f32(params), _f32(updates)))
       out = optax.tree.sub(_f32(updates), mixed.moved)
-    return optax.tree.cast_like(out, updates), GossipState(state.count + 1, agreed, comm)
+    return optax.tree.cast_like(out, updates), GossipState(state.count + 1, comm)
 
   return optax.GradientTransformationExtraArgs(init, update)
