@@ -21,7 +21,7 @@ import numpy as np
 import optax
 
 from loco import comm
-from loco import workers
+from loco import axis
 from loco.errors import ConfigError
 
 PyTree = Any
@@ -275,7 +275,7 @@ def local_updates(
     outer = optax.chain(link, optimizer)
   if outer is not None:
     outer = optax.with_extra_args_support(outer)
-  vmap = lambda f, in_axes: workers.vmap(f, in_axes=in_axes, mesh=mesh)
+  vmap = lambda f, in_axes: axis.vmap(f, in_axes=in_axes, mesh=mesh)
 
   def schedule_of(params: PyTree) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
     """The leaves of each fragment and the fragments' sync offsets, checked."""
@@ -291,7 +291,7 @@ def local_updates(
   def init(params: PyTree, num_workers: int, key: jax.Array) -> LocoState:
     if num_workers < 1:
       raise ConfigError(f'num_workers must be >= 1, got {num_workers}.')
-    stacked = workers.replicate(params, num_workers)
+    stacked = axis.replicate(params, num_workers)
     inner_state = vmap(inner.init, 0)(stacked)
     anchor, outer_state, extra = None, None, ()
     if outer is not None:
@@ -347,7 +347,7 @@ def local_updates(
 
   def step(state: LocoState, grads: PyTree,
            ctx: StepContext | None = None) -> tuple[LocoState, StepInfo]:
-    num_workers = workers.num_workers_of(state.params)
+    num_workers = axis.num_workers_of(state.params)
     ctx = ctx or StepContext()
     active, alive = (jnp.ones((num_workers,), bool) if mask is None else jnp.asarray(mask, bool)
                      for mask in (ctx.active, ctx.alive))
@@ -387,7 +387,7 @@ def local_updates(
     a_leaves = jax.tree.leaves(state.anchor)
     e_leaves = [jax.tree.leaves(b) for b in state.extra] if eager else []
     outer_states = list(state.outer_state) if fragments is not None else [state.outer_state]
-    no_wire = workers.replicate(comm.no_wire(num_workers), num_workers)
+    no_wire = axis.replicate(comm.no_wire(num_workers), num_workers)
     pick = lambda leaves, f: [leaves[i] for i in members[f]]
     for f in range(len(members)):
       do_sync = sync_index == f if ctx.sync is None else jnp.asarray(ctx.sync, bool)

@@ -21,6 +21,7 @@ import ml_collections
 import numpy as np
 
 from loco import algorithms
+from loco import axis
 from loco import commlog
 from loco import configs
 from loco import data as data_lib
@@ -28,8 +29,8 @@ from loco import evaluate as evaluate_lib
 from loco import model as model_lib
 from loco import network as network_lib
 from loco import optim
+from loco import placement
 from loco import timeline as timeline_lib
-from loco import workers
 from loco import checkpoint as checkpoint_lib
 from loco.checkpoint import Checkpointer
 from loco.engine import Algorithm, LocoState
@@ -71,8 +72,8 @@ class RunConfig:
     if self.init_inner_state not in INNER_STATES:
       raise ConfigError(f'init_inner_state must be one of {INNER_STATES}, got '
                         f'{self.init_inner_state!r}.')
-    if self.grad_mode not in workers.GRAD_MODES:
-      raise ConfigError(f'grad_mode must be one of {workers.GRAD_MODES}, got '
+    if self.grad_mode not in axis.GRAD_MODES:
+      raise ConfigError(f'grad_mode must be one of {axis.GRAD_MODES}, got '
                         f'{self.grad_mode!r}.')
     for key in ('eval_every', 'checkpoint_every'):
       value = getattr(self, key)
@@ -154,7 +155,7 @@ def make_train_chunk(algorithm: Algorithm, model_cfg, graphdef, mesh=None,
   """
   loss_and_grad = jax.value_and_grad(
       functools.partial(model_lib.loss_fn, model_cfg, graphdef), has_aux=True)
-  per_worker = workers.map_workers(loss_and_grad, grad_mode, mesh)
+  per_worker = axis.map_workers(loss_and_grad, grad_mode, mesh)
 
   def one_step(state, batch_MxBxL, ctx):
     if ctx is None or ctx.active is None:
@@ -181,7 +182,7 @@ def make_train_chunk(algorithm: Algorithm, model_cfg, graphdef, mesh=None,
       return jax.lax.cond(valid, one_step, skip, state, batch_MxBxL, ctx)
     state, outputs = jax.lax.scan(body, state, (batches_KxMxBxL, contexts, valid_K))
     if mesh is not None:   # the state leaves placed as it came, so its donation is reused
-      state = jax.lax.with_sharding_constraint(state, workers.state_shardings(state, mesh))
+      state = jax.lax.with_sharding_constraint(state, placement.state_shardings(state, mesh))
     return state, outputs
 
   return jax.jit(train_chunk, donate_argnums=0)
@@ -207,7 +208,7 @@ def init_state(exp: Experiment, algorithm: Algorithm, key: jax.Array, mesh=None)
     return algorithm.init(params, exp.run.num_workers, alg_key)
 
   abstract = jax.eval_shape(init, key)
-  shardings = workers.state_shardings(abstract, mesh)
+  shardings = placement.state_shardings(abstract, mesh)
   if shardings is not None:
     abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             abstract, shardings)
@@ -379,7 +380,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   clock = _Phases(timings)
   exp = parse_config(config)
   r = exp.run
-  mesh = workers.make_mesh(r.mesh_workers, r.num_workers, r.mesh_fsdp)
+  mesh = placement.make_mesh(r.mesh_workers, r.num_workers, r.mesh_fsdp)
   algorithm = build_algorithm(exp, mesh)
   clock.lap('config')
   is_main = jax.process_index() == 0
@@ -501,7 +502,7 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
   batches_shape = (chunk_len, r.num_workers, r.batch_per_worker, r.seq_len + 1)
   ahead = _CompileAhead(train_chunk.lower(
       abstract_state,
-      jax.ShapeDtypeStruct(batches_shape, jnp.int32, sharding=workers.steps_sharding(mesh, r.batch_per_worker)),
+      jax.ShapeDtypeStruct(batches_shape, jnp.int32, sharding=placement.steps_sharding(mesh, r.batch_per_worker)),
       None if timeline is None else _pad_steps(timeline.contexts(0, 1), chunk_len),
       jax.ShapeDtypeStruct((chunk_len,), jnp.bool_)))
   if r.init_from and not start:
@@ -514,7 +515,7 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
   train_data = data_lib.make_train_iterator(
       exp.data, num_workers=r.num_workers, batch_per_worker=r.batch_per_worker,
       seq_len=r.seq_len, seed=r.seed,
-      workers=workers.process_workers(mesh, r.num_workers, r.batch_per_worker))
+      workers=placement.process_workers(mesh, r.num_workers, r.batch_per_worker))
   if jax.process_count() > 1:
     mine = train_data.workers
     print(f'loco: process {jax.process_index()} reads the data of workers '
@@ -553,7 +554,7 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
     contexts = None if timeline is None else timeline.contexts(step, k)
     valid = np.arange(chunk_len) < k
     batches, contexts = _pad_steps((batches, contexts), chunk_len)
-    return (k, workers.shard_steps(batches, mesh, r.num_workers), contexts, valid,
+    return (k, placement.shard_steps(batches, mesh, r.num_workers), contexts, valid,
             train_data.get_state())
 
   # Throughput: wall time between consecutive chunk results, less compilation,

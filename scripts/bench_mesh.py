@@ -52,7 +52,7 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-posi
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments import base  # pylint: disable=g-import-not-at-top,wrong-import-position
 from loco import model as model_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
-from loco import train, workers  # pylint: disable=g-import-not-at-top,wrong-import-position
+from loco import placement, train  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 GIB = 2 ** 30
 
@@ -72,7 +72,7 @@ def measure(preset: str, mesh_workers: int, fsdp: int) -> dict[str, float]:
   """Per-device bytes of the sharded init and of one training step (compiled only)."""
   exp = _experiment(preset, mesh_workers, fsdp)
   r = exp.run
-  mesh = workers.make_mesh(mesh_workers, r.num_workers, fsdp)
+  mesh = placement.make_mesh(mesh_workers, r.num_workers, fsdp)
   algorithm = train.build_algorithm(exp, mesh)
   key = jax.random.key(0)
   graphdef, init, abstract = train.init_state(exp, algorithm, key, mesh)
@@ -86,7 +86,7 @@ def measure(preset: str, mesh_workers: int, fsdp: int) -> dict[str, float]:
   chunk = train.make_train_chunk(algorithm, exp.model, graphdef, mesh, r.grad_mode)
   batches = jax.ShapeDtypeStruct((1, r.num_workers, r.batch_per_worker, r.seq_len + 1),
                                  jnp.int32,
-                                 sharding=workers.steps_sharding(mesh, r.batch_per_worker))
+                                 sharding=placement.steps_sharding(mesh, r.batch_per_worker))
   compiled = chunk.lower(abstract, batches, None,
                          jax.ShapeDtypeStruct((1,), jnp.bool_)).compile()
   step_memory = compiled.memory_analysis()

@@ -7,11 +7,11 @@ import optax
 import pytest
 
 from loco import algorithms
+from loco import axis
 from loco import comm
 from loco import model as model_lib
 from loco import optim
 from loco import train
-from loco import workers
 from loco.engine import StepContext, local_updates
 from loco.errors import ConfigError
 
@@ -313,7 +313,7 @@ def test_map_workers_skips_inactive_workers_under_map(mode):
   def fn(x):
     jax.debug.callback(lambda: calls.append(1))
     return 2.0 * x
-  mapped = jax.jit(workers.map_workers(fn, mode))
+  mapped = jax.jit(axis.map_workers(fn, mode))
   x = jnp.arange(1.0, 4.0)
   out = mapped(x, active=jnp.array([True, False, True]))
   jax.effects_barrier()
