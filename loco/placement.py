@@ -6,7 +6,8 @@ per-worker leaf's leading axis on the mesh axis "workers", its largest divisible
 dimension on "fsdp"), the placed batches of a chunk, the workers whose data this
 process reads, and host copies of worker-sharded results from every process. Without
 a mesh every answer is the one-device one (no shardings, plain arrays, every worker).
-The axis itself, and how per-worker code is bound to it, is `loco.axis`.
+The axis itself, and how per-worker code is bound to it, is `loco.axis`;
+`initialize_distributed` starts a multi-host run's processes.
 """
 
 import dataclasses
@@ -158,6 +159,19 @@ def every_position(data_state: dict[str, Any]) -> dict[str, Any]:
   return dict(data_state, workers=every.tolist())
 
 
+def initialize_distributed(**given) -> None:
+  """`jax.distributed.initialize(**given)`: one process per host of a TPU pod slice or
+  a SLURM job (launch/MULTIHOST.md); a failure is one sentence naming loco.main's flags."""
+  try:
+    jax.distributed.initialize(**given)
+  except Exception as e:  # jax raises ValueError / RuntimeError / XlaRuntimeError
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    raise ConfigError(
+        f'--distributed: jax.distributed.initialize() failed ({first}); outside a TPU VM '
+        'or a SLURM job give --coordinator_address, --num_processes and --process_id '
+        '(launch/MULTIHOST.md).') from None
+
+
 @dataclasses.dataclass(frozen=True)
 class Placement:
   """A run's placement: M workers of `batch_per_worker` sequences on `mesh` (or None,
@@ -171,9 +185,6 @@ class Placement:
            batch_per_worker: int) -> 'Placement':
     """The placement of a `mesh_workers` x `fsdp` mesh (`make_mesh`)."""
     return cls(make_mesh(mesh_workers, num_workers, fsdp), num_workers, batch_per_worker)
-
-  def state_shardings(self, state):
-    return state_shardings(state, self.mesh)
 
   def batches(self, steps: int, seq_len: int) -> jax.ShapeDtypeStruct:
     """The shape, dtype and sharding of a chunk's [steps, M, B, seq_len + 1] tokens."""
@@ -190,5 +201,6 @@ class Placement:
     """The workers whose data this process reads (every worker on one host)."""
     return process_workers(self.mesh, self.num_workers, self.batch_per_worker)
 
+  # Multi-host gathering needs no mesh; asked through the run's placement all the same.
   fetch = staticmethod(fetch)
   every_position = staticmethod(every_position)

@@ -11,7 +11,7 @@ from loco import axis
 from loco import comm
 from loco import model as model_lib
 from loco import optim
-from loco import train
+from loco import step as step_lib
 from loco.engine import StepContext, local_updates
 from loco.errors import ConfigError
 
@@ -328,7 +328,7 @@ def test_train_chunk_skips_inactive_workers_and_reports_the_steppers_loss():
   cfg = model_lib.model_config('nano', vocab_size=64, max_seq_len=16)
   graphdef, params = model_lib.init_params(cfg, jax.random.PRNGKey(0))
   alg = algorithms.make('diloco', optax.adamw(1e-2), sync_every=5)
-  chunk = train.make_train_chunk(alg, cfg, graphdef, grad_mode='map')
+  chunk = step_lib.make_train_chunk(alg, cfg, graphdef, grad_mode='map')
   state = alg.init(params, 3, jax.random.PRNGKey(1))
   before = jax.tree.map(np.asarray, state.params)
   batches = np.random.default_rng(0).integers(0, 64, (2, 3, 2, 17), dtype=np.int32)

@@ -228,18 +228,19 @@ def test_a_workers_x_fsdp_step_shards_the_state_and_splits_the_traffic():
   fsdp groups), and the outer all-reduce runs between rows (the workers groups), each
   device sending its quarter of the pseudo-gradient."""
   from experiments import base
-  from loco import placement, train
+  from loco import experiment, placement
+  from loco import step as step_lib
   c = base.get_config()
   c.model.preset, c.model.vocab_size = 'nano', 256
   c.num_workers, c.batch_per_worker, c.seq_len = 4, 4, 32
   c.algorithm.name, c.algorithm.sync_every = 'diloco', 1
   c.mesh.workers, c.mesh.fsdp = 2, 4
-  exp = train.parse_config(c)
+  exp = experiment.parse_config(c)
   mesh = placement.make_mesh(2, 4, 4)
   assert dict(mesh.shape) == {'workers': 2, 'fsdp': 4}
-  algorithm = train.build_algorithm(exp, mesh)
-  graphdef, init, abstract = train.init_state(exp, algorithm, jax.random.key(0), mesh)
-  chunk = train.make_train_chunk(algorithm, exp.model, graphdef, mesh, 'vmap')
+  algorithm = experiment.build_algorithm(exp, mesh)
+  graphdef, init, abstract = step_lib.init_state(exp, algorithm, jax.random.key(0), mesh)
+  chunk = step_lib.make_train_chunk(algorithm, exp.model, graphdef, mesh, 'vmap')
   batches = jax.ShapeDtypeStruct((1, 4, 4, 33), jnp.int32,
                                  sharding=placement.steps_sharding(mesh, 4))
   compiled = chunk.lower(abstract, batches, None,
@@ -274,16 +275,17 @@ def test_large_models_draw_per_tensor_so_a_sharded_init_holds_less_than_a_model(
   `PER_TENSOR_FROM` weights every tensor has its own key and each device draws only
   its shard (nano stands in for 150m / 1b here by lowering the threshold)."""
   from experiments import base
-  from loco import model, placement, train
+  from loco import experiment, model, placement
+  from loco import step as step_lib
   jax.clear_caches()        # init_params' trace is cached per config
   monkeypatch.setattr(model._NormalDraws, 'PER_TENSOR_FROM', 0 if per_tensor else 1 << 40)
   try:
     c = base.get_config()
     c.model.preset, c.model.vocab_size = 'nano', 256
     c.num_workers, c.algorithm.name, c.mesh.workers, c.mesh.fsdp = 4, 'diloco', 2, 4
-    exp = train.parse_config(c)
+    exp = experiment.parse_config(c)
     mesh = placement.make_mesh(2, 4, 4)
-    _, init, abstract = train.init_state(exp, train.build_algorithm(exp, mesh),
+    _, init, abstract = step_lib.init_state(exp, experiment.build_algorithm(exp, mesh),
                                          jax.random.key(0), mesh)
     one_model = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract.params)) / 4
     temp = init.lower(jax.random.key(0)).compile().memory_analysis().temp_size_in_bytes
