@@ -20,13 +20,15 @@ def _stopped_while_starting(signum, frame):
 # hands SIGINT back to Python (a KeyboardInterrupt) once the run can report it.
 signal.signal(signal.SIGINT, _stopped_while_starting)
 
-from absl import app  # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import flags as absl_flags  # pylint: disable=g-import-not-at-top,wrong-import-position
-from absl import logging  # pylint: disable=g-import-not-at-top,wrong-import-position
+# pylint: disable=g-import-not-at-top,wrong-import-position
+from absl import app
+from absl import flags as absl_flags
+from absl import logging
 
-from loco import configs  # pylint: disable=g-import-not-at-top,wrong-import-position
-from loco import flags  # pylint: disable=g-import-not-at-top,wrong-import-position
-from loco.errors import Interrupted, LocoError  # pylint: disable=g-import-not-at-top,wrong-import-position
+from loco import configs
+from loco import flags
+from loco.errors import Interrupted, LocoError
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 
 def main(argv):
