@@ -16,18 +16,27 @@ items, readable with orbax alone:
 Saves are asynchronous: `save` returns once the arrays are copied off the devices and
 orbax writes and commits in the background (a step directory appears only when it is
 complete). `wait()` blocks until the last save is committed and raises its error.
+
+`warm_start` starts a run from another run's checkpoint (`init_from`);
+`quiet_background_errors` keeps what orbax's background threads print about a failed
+save off the terminal (the failure itself is re-raised, and reported, in the main thread).
 """
 
 import contextlib
+import logging
 import os
 import re
-from typing import Any
+import sys
+import threading
+import traceback
+from typing import Any, Callable
 
+from absl import logging as absl_logging
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from loco.errors import CheckpointError
+from loco.errors import CheckpointError, ConfigError
 from loco import runs
 from loco.runs import CHECKPOINTS
 
@@ -137,6 +146,41 @@ def read_named_state(path: str, what: str = 'init_from') -> tuple[str, dict[str,
     return where, restored['state']
   finally:
     manager.close()
+
+
+def warm_start(init, key, like, source: str, inner_state: str,
+               note: Callable[[str], None]):
+  """A warm start: the initial state from another run's checkpoint (`init(key, params)`
+  draws it; `like` is its abstract state). Every worker starts from the mean of the
+  source's workers' params (the anchor too); the inner optimizer state is fresh, or the
+  source's averaged over its workers ('carried'; step counts from its worker 0)."""
+  where, saved = read_named_state(source)
+
+  def averaged(field: str) -> list[np.ndarray]:
+    one_worker = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype),
+                              getattr(like, field))
+    try:
+      return worker_means(saved[field], one_worker, field)
+    except KeyError as e:
+      differs = ('its model differs' if field == 'params' else
+                 'its inner optimizer differs (init_inner_state=fresh starts it anew)')
+      raise ConfigError(f'init_from: the checkpoint at {where} has no {e.args[0]}; '
+                        f'{differs}.') from None
+    except ValueError as e:
+      name, saved_shape, shape = e.args
+      raise ConfigError(f'init_from: {name} is {saved_shape} in {where} but {shape} here; '
+                        'the models differ.') from None
+
+  params = jax.tree.unflatten(jax.tree.structure(like.params), averaged('params'))
+  state = init(key, params)
+  if inner_state == 'carried':
+    leaves = [jax.device_put(np.broadcast_to(v, x.shape), x.sharding)
+              for v, x in zip(averaged('inner_state'), jax.tree.leaves(like.inner_state))]
+    state = state._replace(inner_state=jax.tree.unflatten(
+        jax.tree.structure(like.inner_state), leaves))
+  note(f'warm start from {where}: the mean of its workers\' params, inner optimizer '
+       f'state {inner_state}.')
+  return state
 
 
 INCOMPLETE = '.incomplete'
@@ -249,3 +293,32 @@ class Checkpointer:
       self.wait()
     finally:
       self._manager.close()
+
+
+def quiet_background_errors() -> None:
+  """Orbax re-raises a failed background save in the main thread, which loco prints as
+  one line; what its worker threads and event loops print and log first is noise."""
+  def from_orbax(tb) -> bool:
+    return '/orbax/' in ''.join(traceback.format_tb(tb))
+
+  default_hook = threading.excepthook
+  threading.excepthook = lambda args: (None if from_orbax(args.exc_traceback)
+                                       else default_hook(args))
+  default_unraisable = sys.unraisablehook
+
+  def unraisable(args):   # tensorstore callbacks into orbax's closed event loop
+    if not (isinstance(args.exc_value, RuntimeError)
+            and 'Event loop is closed' in str(args.exc_value)):
+      default_unraisable(args)
+
+  sys.unraisablehook = unraisable
+
+  def keep(record) -> bool:
+    if record.levelno < logging.ERROR:
+      return True
+    exc = record.exc_info[1] if record.exc_info else None
+    return not ('/orbax/' in record.pathname or 'orbax-checkpoint-tmp' in record.getMessage()
+                or (exc is not None and from_orbax(exc.__traceback__)))
+
+  absl_logging.get_absl_logger().addFilter(keep)
+  logging.getLogger('asyncio').addFilter(keep)

@@ -26,7 +26,7 @@ import optax
 from loco import comm
 from loco import merge as merge_lib
 from loco import sync_plan
-from loco import workers
+from loco import axis
 from loco.errors import ConfigError
 
 PyTree = Any
@@ -208,7 +208,7 @@ def local_updates(
   if outer is not None:
     outer = merge_lib.Outer(*(optax.with_extra_args_support(t) if t is not None else None
                               for t in (outer if split else (None, outer))))
-  vmap = lambda f, in_axes: workers.vmap(f, in_axes=in_axes, mesh=mesh)
+  vmap = lambda f, in_axes: axis.vmap(f, in_axes=in_axes, mesh=mesh)
   fragmented = plan.fragments is not None
   # One fragment's outer state stands alone (DiLoCo's state is its chain's state).
   wrap = tuple if fragmented else (lambda s: s[0])
@@ -216,7 +216,7 @@ def local_updates(
   def init(params: PyTree, num_workers: int, key: jax.Array) -> LocoState:
     if num_workers < 1:
       raise ConfigError(f'num_workers must be >= 1, got {num_workers}.')
-    stacked = workers.replicate(params, num_workers)
+    stacked = axis.replicate(params, num_workers)
     inner_state = vmap(inner.init, 0)(stacked)
     anchor, outer_state, extra = None, None, ()
     if outer is not None:
@@ -251,7 +251,7 @@ def local_updates(
 
   def step(state: LocoState, grads: PyTree,
            ctx: StepContext | None = None) -> tuple[LocoState, StepInfo]:
-    num_workers = workers.num_workers_of(state.params)
+    num_workers = axis.num_workers_of(state.params)
     ctx = ctx or StepContext()
     active, alive = (jnp.ones((num_workers,), bool) if mask is None else jnp.asarray(mask, bool)
                      for mask in (ctx.active, ctx.alive))
@@ -279,7 +279,7 @@ def local_updates(
     a_leaves = jax.tree.leaves(state.anchor)
     m_leaves = [jax.tree.leaves(b) for b in state.extra]    # the merge state's trees
     outer_states = list(state.outer_state) if fragmented else [state.outer_state]
-    no_wire = workers.replicate(comm.no_wire(num_workers), num_workers)
+    no_wire = axis.replicate(comm.no_wire(num_workers), num_workers)
     for f, members in enumerate(schedule.members):
       view = functools.partial(_view, treedef, members)
       pick = lambda leaves: [leaves[i] for i in members]

@@ -39,7 +39,6 @@ from loco import model as model_lib
 from loco import runs as runs_lib
 from loco import stats
 from loco import workdir as workdir_lib
-from loco import workers
 from loco.errors import LocoError, WorkdirError
 
 EVALS = runs_lib.EVALS
@@ -63,6 +62,22 @@ def summarize(losses_NxB, docs_NxB) -> dict[str, float]:
   return {'eval_loss': float(mean), 'eval_loss_se': float(se)}
 
 
+def mean_model(tree_MxP: PyTree) -> PyTree:
+  """The worker-averaged model, for evaluation only (no communication is implied)."""
+  return jax.tree.map(lambda x: jnp.mean(x.astype(jnp.float32), axis=0).astype(x.dtype),
+                      tree_MxP)
+
+
+def worker_spread(tree_MxP: PyTree) -> jax.Array:
+  """RMS distance of the workers' params to their mean, relative to the mean's norm."""
+  mean = mean_model(tree_MxP)
+  dist2 = sum(jnp.sum((x - m[None]) ** 2) for x, m in
+              zip(jax.tree.leaves(tree_MxP), jax.tree.leaves(mean)))
+  norm2 = sum(jnp.sum(m ** 2) for m in jax.tree.leaves(mean))
+  num = jax.tree.leaves(tree_MxP)[0].shape[0]
+  return jnp.sqrt(dist2 / num) / jnp.maximum(jnp.sqrt(norm2), 1e-12)
+
+
 def make_evaluator(model_cfg, graphdef, per_worker: bool):
   """The in-loop eval: `evaluate(params_MxP, windows) -> {name: float}`.
 
@@ -73,8 +88,8 @@ def make_evaluator(model_cfg, graphdef, per_worker: bool):
   @jax.jit
   def scores(params_MxP, tokens):
     out = {'window_losses': window_losses(model_cfg, graphdef,
-                                          workers.mean_model(params_MxP), tokens),
-           'worker_spread': workers.worker_spread(params_MxP)}
+                                          mean_model(params_MxP), tokens),
+           'worker_spread': worker_spread(params_MxP)}
     if per_worker:
       out['eval_loss_workers'] = jnp.mean(jax.vmap(
           lambda p: jnp.mean(window_losses(model_cfg, graphdef, p, tokens)))(params_MxP))

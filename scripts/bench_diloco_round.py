@@ -20,7 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from loco import algorithms, model, optim, train  # noqa: E402
+from loco import algorithms, model, optim  # noqa: E402
+from loco import step as step_lib  # noqa: E402
 
 _WORKERS = flags.DEFINE_integer('workers', 4, 'Simulated workers.')
 _BATCH = flags.DEFINE_integer('batch', 8, 'Sequences per worker per step.')
@@ -34,7 +35,7 @@ def time_round(sync_every: int) -> float:
   graphdef, params = model.init_params(cfg, jax.random.key(0))
   inner = optim.inner_optimizer(optim.InnerConfig())
   alg = algorithms.make('diloco', inner, sync_every=sync_every)
-  chunk = train.make_train_chunk(alg, cfg, graphdef)
+  chunk = step_lib.make_train_chunk(alg, cfg, graphdef)
   state = alg.init(params, _WORKERS.value, jax.random.key(1))
   rng = np.random.default_rng(0)
   batches = rng.integers(0, 257, (_H.value, _WORKERS.value, _BATCH.value, _SEQ.value + 1),

@@ -52,12 +52,13 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-posi
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments import base  # pylint: disable=g-import-not-at-top,wrong-import-position
 from loco import model as model_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
-from loco import train, workers  # pylint: disable=g-import-not-at-top,wrong-import-position
+from loco import experiment, placement  # pylint: disable=g-import-not-at-top,wrong-import-position
+from loco import step as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 GIB = 2 ** 30
 
 
-def _experiment(preset: str, mesh_workers: int, fsdp: int) -> train.Experiment:
+def _experiment(preset: str, mesh_workers: int, fsdp: int) -> experiment.Experiment:
   c = base.get_config()
   c.model.preset = preset
   c.model.vocab_size = model_lib.PRESETS[preset]['vocab_size']   # no tokenizer needed
@@ -65,17 +66,17 @@ def _experiment(preset: str, mesh_workers: int, fsdp: int) -> train.Experiment:
   c.algorithm.name = ARGS.algorithm
   c.grad_mode = ARGS.grad_mode
   c.mesh.workers, c.mesh.fsdp = mesh_workers, fsdp
-  return train.parse_config(c)
+  return experiment.parse_config(c)
 
 
 def measure(preset: str, mesh_workers: int, fsdp: int) -> dict[str, float]:
   """Per-device bytes of the sharded init and of one training step (compiled only)."""
   exp = _experiment(preset, mesh_workers, fsdp)
   r = exp.run
-  mesh = workers.make_mesh(mesh_workers, r.num_workers, fsdp)
-  algorithm = train.build_algorithm(exp, mesh)
+  mesh = placement.make_mesh(mesh_workers, r.num_workers, fsdp)
+  algorithm = experiment.build_algorithm(exp, mesh)
   key = jax.random.key(0)
-  graphdef, init, abstract = train.init_state(exp, algorithm, key, mesh)
+  graphdef, init, abstract = step_lib.init_state(exp, algorithm, key, mesh)
   start = time.perf_counter()
   init_memory = init.lower(key).compile().memory_analysis()
   out = dict(init_out=init_memory.output_size_in_bytes, init_temp=init_memory.temp_size_in_bytes,
@@ -83,10 +84,10 @@ def measure(preset: str, mesh_workers: int, fsdp: int) -> dict[str, float]:
              state=0, temp=0)
   if ARGS.init_only:
     return dict(out, compile_s=time.perf_counter() - start)
-  chunk = train.make_train_chunk(algorithm, exp.model, graphdef, mesh, r.grad_mode)
+  chunk = step_lib.make_train_chunk(algorithm, exp.model, graphdef, mesh, r.grad_mode)
   batches = jax.ShapeDtypeStruct((1, r.num_workers, r.batch_per_worker, r.seq_len + 1),
                                  jnp.int32,
-                                 sharding=workers.steps_sharding(mesh, r.batch_per_worker))
+                                 sharding=placement.steps_sharding(mesh, r.batch_per_worker))
   compiled = chunk.lower(abstract, batches, None,
                          jax.ShapeDtypeStruct((1,), jnp.bool_)).compile()
   step_memory = compiled.memory_analysis()

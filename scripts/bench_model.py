@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from loco import algorithms, optim, train  # pylint: disable=g-import-not-at-top
+from loco import algorithms, optim  # pylint: disable=g-import-not-at-top
+from loco import step as step_lib  # pylint: disable=g-import-not-at-top
 from loco import model as model_lib  # pylint: disable=g-import-not-at-top
 
 
@@ -50,7 +51,7 @@ def bench_step(cfg: model_lib.ModelConfig, batch_size: int, seq_len: int,
                num_workers: int, grad_mode: str, steps: int) -> tuple[float, float]:
   """Returns (compile seconds, seconds per step) of loco's own training chunk.
 
-  The chunk is `loco.train.make_train_chunk` (per-worker value_and_grad, then the
+  The chunk is `loco.step.make_train_chunk` (per-worker value_and_grad, then the
   algorithm's step, state donated) for local training without communication
   (local SGD that never syncs), so it measures compute, not the all-reduce.
   """
@@ -58,7 +59,7 @@ def bench_step(cfg: model_lib.ModelConfig, batch_size: int, seq_len: int,
   inner = optim.inner_optimizer(optim.InnerConfig())
   alg = algorithms.make('local_sgd', inner, sync_every=10 ** 9)
   state = alg.init(params, num_workers, jax.random.key(0))
-  chunk = train.make_train_chunk(alg, cfg, graphdef, grad_mode=grad_mode)
+  chunk = step_lib.make_train_chunk(alg, cfg, graphdef, grad_mode=grad_mode)
   batch = jax.random.randint(jax.random.key(1), (1, num_workers, batch_size, seq_len + 1),
                              0, cfg.vocab_size, jnp.int32)
   start = time.perf_counter()

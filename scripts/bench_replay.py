@@ -28,7 +28,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from loco import algorithms, model, network, optim, timeline, train  # noqa: E402
+from loco import algorithms, model, network, optim, timeline  # noqa: E402
+from loco import step as step_lib  # noqa: E402
 
 _MODEL = flags.DEFINE_string('model', 'nano', 'Model preset.')
 _WORKERS = flags.DEFINE_integer('workers', 8, 'Simulated workers.')
@@ -50,7 +51,7 @@ def build(cfg):
                                                   decay_steps=_STEPS.value))
   alg = algorithms.make('gasloc', inner, sync_every=_H.value, topology='matching',
                         mix='models', outer_lr=0.7, outer_momentum=0.5)
-  chunk = train.make_train_chunk(alg, cfg, graphdef, grad_mode=_GRAD_MODE.value)
+  chunk = step_lib.make_train_chunk(alg, cfg, graphdef, grad_mode=_GRAD_MODE.value)
   init = jax.jit(lambda: alg.init(params, _WORKERS.value, jax.random.PRNGKey(1)))
   return alg, chunk, init, model.param_count(cfg)
 

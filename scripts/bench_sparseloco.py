@@ -25,7 +25,7 @@ import jax.numpy as jnp
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from loco import model as model_lib  # pylint: disable=g-import-not-at-top
 from loco import optim
-from loco import train
+from loco import step as step_lib
 from loco.algorithms.sparseloco import sparseloco, sparseloco_outer
 from loco.comm import WorkerContext
 
@@ -79,7 +79,7 @@ def main(argv=None) -> None:
   inner = optim.inner_optimizer(optim.InnerConfig(decay_steps=1000))
   alg = sparseloco(inner, sync_every=h, topk=args.topk)
   state = alg.init(params, m, jax.random.key(2))
-  chunk = train.make_train_chunk(alg, cfg, graphdef)
+  chunk = step_lib.make_train_chunk(alg, cfg, graphdef)
   batches = jax.random.randint(jax.random.key(3), (h, m, args.batch, args.seq + 1), 0,
                                cfg.vocab_size, jnp.int32)
   start = time.perf_counter()

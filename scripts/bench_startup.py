@@ -29,9 +29,10 @@ PHASES = ('python', 'imports', 'config', 'init', 'data', 'restore', 'first_batch
 def child(spec: str, overrides: dict, workdir: str, t_launch: float) -> None:
   t0 = time.time()
   from loco import configs
+  from loco import step as step_lib
   from loco import train
   t1 = time.time()
-  train.enable_compilation_cache()   # as loco.main does
+  step_lib.enable_compilation_cache()   # as loco.main does
   config = configs.load(spec, overrides)
   timings = {}
   train.run(config, workdir, timings=timings)

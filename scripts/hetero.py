@@ -25,7 +25,7 @@ from absl import logging
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments import tiny_hetero  # noqa: E402
-from loco import model, report, timeline, train  # noqa: E402
+from loco import experiment, model, report, timeline, train  # noqa: E402
 from loco.metrics import read_metrics  # noqa: E402
 
 _OUT = flags.DEFINE_string('out', 'runs/hetero', 'Directory for the runs and hetero.md.')
@@ -55,7 +55,7 @@ def loss_at(evals, seconds: float) -> float | None:
 
 def _pairing(variant: str) -> str:
   """Who the asynchronous schedule paired: exchanges, distinct pairs, the most repeated."""
-  exp = train.parse_config(tiny_hetero.get_config(variant))
+  exp = experiment.parse_config(tiny_hetero.get_config(variant))
   r = exp.run
   line = timeline.make_timeline(
       exp.network, num_workers=r.num_workers, steps=r.steps,

@@ -13,6 +13,7 @@ import os
 
 import pytest
 
+from loco import experiment
 from loco import model as model_lib
 from loco import train
 from loco.metrics import read_metrics
@@ -58,7 +59,7 @@ def test_counters_match_a_hand_count(nano_config, tmp_path, case):
   workdir = str(tmp_path / case)
   train.run(c, workdir)
 
-  params = model_lib.param_count(train.parse_config(c).model)
+  params = model_lib.param_count(experiment.parse_config(c).model)
   # nano by hand: tied 257 x 32 embedding; per block qkv 32 x 3 x 2 x 16, out 2 x 16 x 32,
   # mlp 2 x 32 x 64, two norm scales of 32; a final norm of 32.
   assert params == 257 * 32 + 2 * (3072 + 1024 + 4096 + 64) + 32 == 24768

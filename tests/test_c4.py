@@ -20,6 +20,7 @@ import tensorflow_datasets as tfds
 
 from loco import configs
 from loco import errors
+from loco import experiment
 from loco import train
 from loco.data import c4
 from loco.data import prepare as prepare_cli
@@ -73,7 +74,7 @@ def test_prepare_again_skips_finished_shards_and_redoes_a_half_written_one(
   os.remove(os.path.join(path, 'dataset_info.json'))
   open(os.path.join(path, 'loco_c4-train.array_record-00001.tmp99'), 'wb').write(b'half')
   with pytest.raises(errors.DataError, match='only partly prepared.*run the same command'):
-    sources.open_documents(train.parse_config(_c4_config(prepared, data_dir=data_dir)).data,
+    sources.open_documents(experiment.parse_config(_c4_config(prepared, data_dir=data_dir)).data,
                            'train')
   resumed = c4.prepare(prepared['source'], data_dir, progress=False)
   assert resumed.written == ['train/00001'] and len(resumed.skipped) == 2
@@ -139,7 +140,7 @@ def test_missing_data_and_tokenizer_say_how_to_prepare_them(prepared, tmp_path):
     train.run(_c4_config(prepared, data_dir=empty), str(tmp_path / 'run'))
   with pytest.raises(errors.ConfigError,
                      match='data.sp_model is empty.*prepare c4.*prepare tokenizer'):
-    train.parse_config(_c4_config(prepared, sp_model=''))
+    experiment.parse_config(_c4_config(prepared, sp_model=''))
   missing = str(tmp_path / 'nope.model')
   with pytest.raises(errors.DataError,
                      match=f'{missing} .*does not exist.*prepare tokenizer'):

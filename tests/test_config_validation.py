@@ -197,7 +197,7 @@ def test_cli_bad_values_stop_before_training(tmp_path, small_corpus_glob, data_d
 def test_every_number_has_a_rule():
   """A new numeric key in base.py needs a line in CONSTRAINTS (or a rule between keys)."""
   numeric = {k for k, (kind, _) in configs.schema().items() if kind in (int, float)}
-  between_keys = {'eval.every', 'checkpoint.every'}   # multiples of log_every (train.py)
+  between_keys = {'eval.every', 'checkpoint.every'}   # multiples of log_every (experiment.RunConfig)
   assert numeric - set(configs.CONSTRAINTS) == between_keys
 
 

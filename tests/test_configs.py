@@ -13,8 +13,8 @@ import jax
 import pytest
 
 from loco import data as data_lib
+from loco import experiment
 from loco import model as model_lib
-from loco import train
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = sorted(os.path.splitext(os.path.basename(p))[0]
@@ -51,8 +51,8 @@ def test_config_initialises_abstractly(name, sp_model):
   module, config = _get_config(name)
   assert module.__doc__ and 'python -m loco.main' in module.__doc__, (
       'a config file documents its command, runtime and expected result')
-  exp = train.parse_config(_with_user_paths(config, sp_model))
-  algorithm = train.build_algorithm(exp)
+  exp = experiment.parse_config(_with_user_paths(config, sp_model))
+  algorithm = experiment.build_algorithm(exp)
   key = jax.random.PRNGKey(0)
   params = jax.eval_shape(lambda k: model_lib.init_params(exp.model, k)[1], key)
   state = jax.eval_shape(lambda p: algorithm.init(p, exp.run.num_workers, key), params)
@@ -76,7 +76,7 @@ def test_tfds_config_reads_mock_data(name, tmp_path, sp_model):
   import tensorflow_datasets as tfds
   import loco.data.c4  # noqa: F401  (registers loco_c4, what the c4 configs read, for mocking)
   config = _with_user_paths(_get_config(name)[1], sp_model)
-  exp = train.parse_config(config)
+  exp = experiment.parse_config(config)
   # The real SentencePiece model is not shipped; bytes keep the pipeline testable.
   # mock_data serves the examples; the data dir only has to exist (never the user's).
   data_cfg = dataclasses.replace(exp.data, tokenizer='bytes', sp_model='',

@@ -7,12 +7,12 @@ import optax
 import pytest
 
 from loco import algorithms
+from loco import axis
 from loco import comm
 from loco import merge
 from loco import model as model_lib
 from loco import optim
-from loco import train
-from loco import workers
+from loco import step as step_lib
 from loco.engine import StepContext, local_updates
 from loco.errors import ConfigError
 
@@ -314,7 +314,7 @@ def test_map_workers_skips_inactive_workers_under_map(mode):
   def fn(x):
     jax.debug.callback(lambda: calls.append(1))
     return 2.0 * x
-  mapped = jax.jit(workers.map_workers(fn, mode))
+  mapped = jax.jit(axis.map_workers(fn, mode))
   x = jnp.arange(1.0, 4.0)
   out = mapped(x, active=jnp.array([True, False, True]))
   jax.effects_barrier()
@@ -329,7 +329,7 @@ def test_train_chunk_skips_inactive_workers_and_reports_the_steppers_loss():
   cfg = model_lib.model_config('nano', vocab_size=64, max_seq_len=16)
   graphdef, params = model_lib.init_params(cfg, jax.random.PRNGKey(0))
   alg = algorithms.make('diloco', optax.adamw(1e-2), sync_every=5)
-  chunk = train.make_train_chunk(alg, cfg, graphdef, grad_mode='map')
+  chunk = step_lib.make_train_chunk(alg, cfg, graphdef, grad_mode='map')
   state = alg.init(params, 3, jax.random.PRNGKey(1))
   before = jax.tree.map(np.asarray, state.params)
   batches = np.random.default_rng(0).integers(0, 64, (2, 3, 2, 17), dtype=np.int32)

@@ -46,7 +46,7 @@ def test_rescoring_a_run_on_its_own_eval_windows_gives_its_logged_eval_loss(
 def test_the_eval_keeps_each_windows_loss_and_clusters_its_se_by_document():
   """The in-loop evaluator scores the mean of the workers' models window by window; its
   SE is the CR1 document-clustered one, computed here by hand."""
-  from loco import data as data_lib, model as model_lib, workers
+  from loco import data as data_lib, model as model_lib
   cfg = model_lib.model_config('nano', vocab_size=64)
   graphdef, params = model_lib.init_params(cfg, jax.random.key(0))
   other = jax.tree.map(lambda x: x * 0.9, params)

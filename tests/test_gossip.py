@@ -19,7 +19,7 @@ import pytest
 from loco import algorithms
 from loco import comm
 from loco import topology as topology_lib
-from loco import workers
+from loco import axis, placement
 from loco.errors import ConfigError
 
 
@@ -508,7 +508,7 @@ def _float_collectives(jitted, *args) -> set[str]:
 
 def _mesh8():
   assert len(jax.devices()) >= 8, 'tests/conftest.py gives JAX 8 CPU devices'
-  return workers.make_mesh(8, 8)
+  return placement.make_mesh(8, 8)
 
 
 def _gossip_placements(name, impl, mesh):
@@ -528,7 +528,7 @@ def _gossip_placements(name, impl, mesh):
   return (jax.jit(jax.vmap(worker, axis_name=comm.WORKERS, in_axes=(0, 0, 0, None))),
           jax.jit(jax.shard_map(block, mesh=mesh, in_specs=(spec, spec, spec, P()),
                                 out_specs=(spec, spec))),
-          jax.jit(workers.vmap(worker, in_axes=(0, 0, 0, None), mesh=mesh)))
+          jax.jit(axis.vmap(worker, in_axes=(0, 0, 0, None), mesh=mesh)))
 
 
 def _mesh_inputs(mesh=None):
@@ -538,7 +538,7 @@ def _mesh_inputs(mesh=None):
        'b': jax.random.normal(jax.random.PRNGKey(1), (m, 4))}
   theta = jax.tree.map(lambda v: 0.5 * v + 1.0, x)
   alive = jnp.array([1, 1, 0, 1, 1, 1, 0, 1], bool)
-  return workers.shard((x, theta, alive), mesh) + (jax.random.PRNGKey(5),)
+  return placement.shard((x, theta, alive), mesh) + (jax.random.PRNGKey(5),)
 
 
 # The float data of each path moves by: ppermutes (sparse), an all-gather of the
@@ -571,7 +571,7 @@ def test_dense_sparse_and_shard_map_agree_on_8_devices(name, impl):
 
 
 def test_mesh_vmap_gossip_moves_the_ring_by_collective_permute():
-  """workers.vmap on a mesh (the engine's and train.run's path) is shard_map + vmap:
+  """axis.vmap on a mesh (the engine's and train.run's path) is shard_map + vmap:
   the ring moves by collective-permutes only (with vmap's spmd_axis_name it used to
   all-gather every worker's tree to every device)."""
   mesh = _mesh8()
@@ -592,7 +592,7 @@ def _place(state, mesh):
   per_worker = {k: v for k, v in state._asdict().items() if k not in ('step', 'key')}
   return state._replace(step=jax.device_put(state.step, replicated),
                         key=jax.device_put(state.key, replicated),
-                        **workers.shard(per_worker, mesh))
+                        **placement.shard(per_worker, mesh))
 
 
 def test_gasloc_engine_on_8_devices_matches_one_device():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from loco.comm import axis
+from loco import axis
 
 COLLECTIVE = re.compile(r'(collective-permute|all-gather|all-reduce|reduce-scatter|'
                         r'all-to-all)(?:-start)?\(')
@@ -106,7 +106,7 @@ def _compiled(name, m=8, overrides=()):
   state, grads). `overrides`: (key, value) pairs over its keys."""
   keys = {**ALGORITHMS[name][0], **dict(overrides)}
   from loco import algorithms, model as model_lib, optim
-  from loco.workers import make_mesh, state_shardings
+  from loco.placement import make_mesh, state_shardings
   mesh = make_mesh(8, m)
   alg = algorithms.make(name.split('_matching')[0], optim.inner_optimizer(
       optim.InnerConfig(decay_steps=10)), mesh=mesh, **keys)
@@ -228,20 +228,21 @@ def test_a_workers_x_fsdp_step_shards_the_state_and_splits_the_traffic():
   fsdp groups), and the outer all-reduce runs between rows (the workers groups), each
   device sending its quarter of the pseudo-gradient."""
   from experiments import base
-  from loco import train, workers
+  from loco import experiment, placement
+  from loco import step as step_lib
   c = base.get_config()
   c.model.preset, c.model.vocab_size = 'nano', 256
   c.num_workers, c.batch_per_worker, c.seq_len = 4, 4, 32
   c.algorithm.name, c.algorithm.sync_every = 'diloco', 1
   c.mesh.workers, c.mesh.fsdp = 2, 4
-  exp = train.parse_config(c)
-  mesh = workers.make_mesh(2, 4, 4)
+  exp = experiment.parse_config(c)
+  mesh = placement.make_mesh(2, 4, 4)
   assert dict(mesh.shape) == {'workers': 2, 'fsdp': 4}
-  algorithm = train.build_algorithm(exp, mesh)
-  graphdef, init, abstract = train.init_state(exp, algorithm, jax.random.key(0), mesh)
-  chunk = train.make_train_chunk(algorithm, exp.model, graphdef, mesh, 'vmap')
+  algorithm = experiment.build_algorithm(exp, mesh)
+  graphdef, init, abstract = step_lib.init_state(exp, algorithm, jax.random.key(0), mesh)
+  chunk = step_lib.make_train_chunk(algorithm, exp.model, graphdef, mesh, 'vmap')
   batches = jax.ShapeDtypeStruct((1, 4, 4, 33), jnp.int32,
-                                 sharding=workers.steps_sharding(mesh, 4))
+                                 sharding=placement.steps_sharding(mesh, 4))
   compiled = chunk.lower(abstract, batches, None,
                          jax.ShapeDtypeStruct((1,), jnp.bool_)).compile()
   total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract))
@@ -274,16 +275,17 @@ def test_large_models_draw_per_tensor_so_a_sharded_init_holds_less_than_a_model(
   `PER_TENSOR_FROM` weights every tensor has its own key and each device draws only
   its shard (nano stands in for 150m / 1b here by lowering the threshold)."""
   from experiments import base
-  from loco import model, train, workers
+  from loco import experiment, model, placement
+  from loco import step as step_lib
   jax.clear_caches()        # init_params' trace is cached per config
   monkeypatch.setattr(model._NormalDraws, 'PER_TENSOR_FROM', 0 if per_tensor else 1 << 40)
   try:
     c = base.get_config()
     c.model.preset, c.model.vocab_size = 'nano', 256
     c.num_workers, c.algorithm.name, c.mesh.workers, c.mesh.fsdp = 4, 'diloco', 2, 4
-    exp = train.parse_config(c)
-    mesh = workers.make_mesh(2, 4, 4)
-    _, init, abstract = train.init_state(exp, train.build_algorithm(exp, mesh),
+    exp = experiment.parse_config(c)
+    mesh = placement.make_mesh(2, 4, 4)
+    _, init, abstract = step_lib.init_state(exp, experiment.build_algorithm(exp, mesh),
                                          jax.random.key(0), mesh)
     one_model = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract.params)) / 4
     temp = init.lower(jax.random.key(0)).compile().memory_analysis().temp_size_in_bytes
@@ -302,7 +304,7 @@ def test_large_models_draw_per_tensor_so_a_sharded_init_holds_less_than_a_model(
 
 def _run_steps(name, m, mesh, steps=4):
   from loco import algorithms, model as model_lib, optim
-  from loco.workers import state_shardings
+  from loco.placement import state_shardings
   alg = algorithms.make(name.split('_matching')[0], optim.inner_optimizer(
       optim.InnerConfig(decay_steps=10)), mesh=mesh, **ALGORITHMS[name][0])
   params = model_lib.init_params(model_lib.model_config('nano', vocab_size=64),
@@ -334,7 +336,7 @@ _DEFAULT_EQUAL = set()   # all with pytest -m slow; the default run has
 def test_shard_map_equals_the_one_device_run(name, m):
   """M workers in blocks of M / 8 on 8 devices: the same params and bytes as the vmap
   run on one device (every algorithm at M = 8, 16, 32; a few in the default run)."""
-  from loco.workers import make_mesh
+  from loco.placement import make_mesh
   want, want_sent = _run_steps(name, m, None)
   got, got_sent = _run_steps(name, m, make_mesh(8, m))
   np.testing.assert_array_equal(np.stack(got_sent), np.stack(want_sent))

@@ -22,6 +22,7 @@ import pytest
 
 from loco import algorithms
 from loco import checkpoint as checkpoint_lib
+from loco import ledger
 from loco import metrics
 from loco import report
 from loco import train
@@ -441,9 +442,9 @@ def test_divergence_is_recorded_and_keeps_the_good_checkpoint(nano_config, tmp_p
 def test_the_loss_rule_waits_until_the_model_has_learned():
   uniform = np.log(257)
   start = np.full((3, 2), uniform + 0.01)          # an untrained model sits at ln V
-  best, step, why = train.check_losses(start, 1, np.inf, 257)
+  best, step, why = ledger.check_losses(start, 1, np.inf, 257)
   assert why is None and step is None and best == pytest.approx(uniform + 0.01)
-  best, step, why = train.check_losses(np.array([[3.0, 3.2], [uniform, uniform]]), 4,
+  best, step, why = ledger.check_losses(np.array([[3.0, 3.2], [uniform, uniform]]), 4,
                                        best, 257)
   assert step == 5 and why.startswith('the training loss rose to 5.549 at step 5')
   assert best == pytest.approx(3.1)

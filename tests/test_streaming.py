@@ -9,7 +9,7 @@ import pytest
 from loco import algorithms
 from loco import model as model_lib
 from loco import optim
-from loco import train
+from loco import step as step_lib
 from loco.engine import StepContext
 from loco.errors import ConfigError
 
@@ -181,7 +181,7 @@ def test_runs_in_the_train_chunk_on_the_model():
   cfg = model_lib.model_config('nano', vocab_size=64, max_seq_len=16)
   graphdef, params = model_lib.init_params(cfg, jax.random.PRNGKey(0))
   alg = _make(optax.adamw(1e-2), sync_every=6)     # 3 fragments: offsets 0, 2, 4
-  chunk = train.make_train_chunk(alg, cfg, graphdef)
+  chunk = step_lib.make_train_chunk(alg, cfg, graphdef)
   state = alg.init(params, 2, jax.random.PRNGKey(1))
   batches = np.random.default_rng(0).integers(0, 64, (6, 2, 2, 17), dtype=np.int32)
   state, (losses, info) = chunk(state, jnp.asarray(batches), None, np.ones(6, bool))

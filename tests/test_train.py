@@ -11,6 +11,9 @@ import numpy as np
 import pytest
 
 from loco import algorithms
+from loco import checkpoint as checkpoint_lib
+from loco import experiment
+from loco import step as step_lib
 from loco import train
 from loco.errors import CheckpointError, ConfigError, DataError
 from loco.metrics import TIMING_KEYS, read_metrics
@@ -186,12 +189,12 @@ def test_a_warm_start_begins_every_worker_at_the_sources_mean_model(nano_config,
   nano_config.init_from = source
   for inner_state in ('fresh', 'carried'):
     nano_config.init_inner_state = inner_state
-    exp = train.parse_config(nano_config)
-    alg = train.build_algorithm(exp)
+    exp = experiment.parse_config(nano_config)
+    alg = experiment.build_algorithm(exp)
     key = jax.random.key(exp.run.seed)
-    _, init, like = train.init_state(exp, alg, key)
+    _, init, like = step_lib.init_state(exp, alg, key)
     notes = []
-    state = train._warm_start(init, key, like, source, inner_state, notes.append)
+    state = checkpoint_lib.warm_start(init, key, like, source, inner_state, notes.append)
     assert notes and 'warm start from' in notes[0] and inner_state in notes[0]
     for got, anchor, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(state.anchor),
                                  jax.tree.leaves(saved['params'])):

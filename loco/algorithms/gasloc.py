@@ -9,7 +9,7 @@ import optax
 from loco import comm
 from loco import optim
 from loco import topology as topology_lib
-from loco import workers
+from loco import axis
 from loco.engine import Algorithm, AsyncReplay, StepContext, local_updates
 from loco.errors import ConfigError
 
@@ -157,7 +157,7 @@ def _with_local_steps(algorithm: Algorithm, local_steps: Sequence[int],
     return algorithm.init(params, num_workers, key)
 
   def step(state, grads, ctx: StepContext | None = None):
-    check(workers.num_workers_of(state.params))
+    check(axis.num_workers_of(state.params))
     ctx = ctx or StepContext()
     mine = jnp.asarray(budget) > state.step % sync_every
     active = mine if ctx.active is None else jnp.asarray(ctx.active, bool) & mine

@@ -22,7 +22,7 @@ from loco import comm
 from loco import optim
 from loco import topology as topology_lib
 from loco.engine import Algorithm, AsyncReplay, local_updates
-from loco.comm import axis as comm_axis
+from loco import axis as comm_axis
 
 PyTree = Any
 

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from loco.comm import axis as comm_axis
-from loco.comm.axis import WORKERS
+from loco import axis as comm_axis
+from loco.axis import WORKERS
 from loco.errors import ConfigError
 
 PyTree = Any

@@ -51,7 +51,7 @@ from loco.comm.core import (GOSSIP, NO_COMM, WORKERS, CommState, WorkerContext, 
                             empty_comm_state, ring_all_reduce_state, static_num_workers,
                             transport_dtype, tree_bytes, worker_mean)
 from loco.errors import ConfigError
-from loco.comm import axis as comm_axis
+from loco import axis as comm_axis
 
 PyTree = Any
 

@@ -30,7 +30,7 @@ from loco.comm.core import (ALL_GATHER, NO_COMM, WORKERS, CommState, WorkerConte
                             alive_of, alive_peers, empty_comm_state, ring_all_reduce_state,
                             worker_mean)
 from loco.errors import ConfigError
-from loco.comm import axis as comm_axis
+from loco import axis as comm_axis
 
 PyTree = Any
 

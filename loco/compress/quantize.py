@@ -7,6 +7,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from loco import axis as comm_axis
+from loco.axis import WORKERS
 from loco.compress import chunking
 from loco.compress.base import META_BITS, Compressor, Message, size, stateless_init, value_width
 from loco.errors import ConfigError
@@ -14,7 +16,6 @@ from loco.errors import ConfigError
 E4M3_MAX = 448.0         # largest finite float8_e4m3fn
 E3M0_MIN_EXPONENT = -6   # E3M0 codes 1..7 are 2^-6 .. 2^0 times the scale; code 0 is zero
 UNIFORM_BITS = tuple(range(2, 9))
-WORKERS = 'workers'      # the engine's worker axis (loco.comm.WORKERS; comm imports us)
 
 
 def quantizer(encode_leaf: Callable, axis_name: str | None = None) -> Compressor:
@@ -30,7 +31,6 @@ def quantizer(encode_leaf: Callable, axis_name: str | None = None) -> Compressor
     leaves, treedef = jax.tree.flatten(updates)
     key = None if context is None else context.key
     if key is not None and axis_name is not None:
-      from loco.comm import axis as comm_axis   # here: loco.comm imports compress
       key = jax.random.fold_in(key, comm_axis.axis_index(axis_name))
     decoded, value_bits, meta_bits = [], 0, 0
     for i, x in enumerate(leaves):

@@ -135,8 +135,8 @@ class TrainIterator:
   Each batch holds the workers this iterator reads (all `num_workers` by default;
   on several hosts a process reads only its own). `get_state()` returns a small
   JSON-serialisable dict with every worker's position (None for a worker not read
-  here: loco.train gathers the processes'); `set_state(state)` on an iterator
-  made with the same data config, workers and seed continues with exactly the
+  here: `placement.every_position` gathers the processes'); `set_state(state)` on an
+  iterator made with the same data config, workers and seed continues with exactly the
   batches the original would have produced next (batch size and sequence length may
   differ: the state counts documents and tokens).
   """

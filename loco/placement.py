@@ -1,115 +1,30 @@
-"""The worker axis: stacking, per-worker mapping, and placement on a device mesh.
+"""Placement: where a run's arrays live on a device mesh (or on one device), and how
+each process's share of them is read, placed and gathered.
 
-Every per-worker pytree has a leading axis of size M named "workers" (DESIGN §1). On
-one device per-worker code is `jax.vmap(..., axis_name="workers")`. On a mesh with a
-"workers" axis of D devices the same per-worker code runs under `jax.shard_map` over
-that axis, each device holding a block of M / D workers with a `jax.vmap` named
-`comm.axis.BLOCK` inside the block (drjax's placement, made explicit): the collectives
-of `loco.comm.axis` span both levels, so nothing is left to the partitioner to guess.
-Other mesh axes (`fsdp`) stay automatic inside the map and shard each worker's state.
+`Placement` is the one value the training loop asks: the state's shardings (every
+per-worker leaf's leading axis on the mesh axis "workers", its largest divisible
+dimension on "fsdp"), the placed batches of a chunk, the workers whose data this
+process reads, and host copies of worker-sharded results from every process. Without
+a mesh every answer is the one-device one (no shardings, plain arrays, every worker).
+The axis itself, and how per-worker code is bound to it, is `loco.axis`;
+`initialize_distributed` starts a multi-host run's processes.
 """
 
+import dataclasses
 import functools
-from typing import Any, Callable
+from typing import Any
 
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from loco.comm.axis import BLOCK, WORKERS
+from loco.axis import WORKERS
 from loco.errors import ConfigError
 
 PyTree = Any
 FSDP = 'fsdp'   # the mesh axis each worker's state and batch are sharded over
-
-
-def replicate(tree: PyTree, num_workers: int) -> PyTree:
-  """Stacks `num_workers` copies of a single tree on a new leading axis."""
-  return jax.tree.map(
-      lambda x: jnp.broadcast_to(x, (num_workers,) + jnp.shape(x)), tree)
-
-
-def vmap(fn: Callable, in_axes=0, mesh: Mesh | None = None) -> Callable:
-  """Maps `fn` over the worker axis: a vmap on one device, shard_map + vmap on a mesh.
-
-  Args:
-    fn: one worker's function; it may use `loco.comm` collectives.
-    in_axes: 0 (per-worker) or None (shared) for each argument, or one for all.
-    mesh: a mesh with a "workers" axis, or None. Every output is per-worker.
-  """
-  if mesh is None:
-    return jax.vmap(fn, in_axes=in_axes, axis_name=WORKERS)
-  return _on_mesh(jax.vmap(fn, in_axes=in_axes, axis_name=BLOCK), in_axes, mesh)
-
-
-def _on_mesh(block_fn: Callable, in_axes, mesh: Mesh) -> Callable:
-  """`block_fn` (one device's block of workers) under shard_map over "workers"."""
-  def mapped(*args):
-    axes = in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(args)
-    specs = tuple(PartitionSpec(WORKERS) if a == 0 else PartitionSpec() for a in axes)
-    return jax.shard_map(block_fn, mesh=mesh, in_specs=specs,
-                         out_specs=PartitionSpec(WORKERS), axis_names={WORKERS},
-                         check_vma=False)(*args)
-  # Jitted, so that an eager call works too: eager shard_map needs every axis manual.
-  return jax.jit(mapped) if len(mesh.axis_names) > 1 else mapped
-
-
-GRAD_MODES = ('auto', 'vmap', 'map')
-
-
-def map_workers(fn: Callable, mode: str = 'auto', mesh: Mesh | None = None) -> Callable:
-  """Maps a communication-free per-worker `fn` (a gradient) over stacked arguments.
-
-  'vmap' batches the workers into one computation; 'map' runs them one after another
-  (`lax.map`), which keeps each worker's activations cache-sized and is faster on a
-  CPU; 'auto' picks 'map' on a CPU and 'vmap' on accelerators. On a mesh each device
-  maps its own block of workers that way, under shard_map.
-
-  The mapped function takes an optional `active=` [M] bool mask. Under 'map' a worker
-  whose flag is False skips `fn` (a `lax.cond`; its outputs are zeros). Under 'vmap'
-  every worker computes: a batched computation cannot skip one of its members.
-  """
-  if mode not in GRAD_MODES:
-    raise ConfigError(f'grad_mode must be one of {GRAD_MODES}, got {mode!r}.')
-  if mode == 'auto':
-    mode = 'map' if jax.default_backend() == 'cpu' else 'vmap'
-  if mode == 'vmap':
-    mapped = jax.vmap(fn)
-    block = lambda args, active: mapped(*args)
-  else:
-    def skip(*args):
-      return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, *args))
-
-    def one(xs):
-      args, active = xs
-      return fn(*args) if active is None else jax.lax.cond(active, fn, skip, *args)
-
-    block = lambda args, active: jax.lax.map(one, (args, active))
-  if mesh is None:
-    return lambda *args, active=None: block(args, active)
-  on_mesh = _on_mesh(lambda args, active: block(args, active), 0, mesh)
-  return lambda *args, active=None: on_mesh(args, active)
-
-
-def num_workers_of(tree: PyTree) -> int:
-  return jax.tree.leaves(tree)[0].shape[0]
-
-
-def mean_model(tree_MxP: PyTree) -> PyTree:
-  """The worker-averaged model, for evaluation only (no communication is implied)."""
-  return jax.tree.map(lambda x: jnp.mean(x.astype(jnp.float32), axis=0).astype(x.dtype),
-                      tree_MxP)
-
-
-def worker_spread(tree_MxP: PyTree) -> jax.Array:
-  """RMS distance of the workers' params to their mean, relative to the mean's norm."""
-  mean = mean_model(tree_MxP)
-  dist2 = sum(jnp.sum((x - m[None]) ** 2) for x, m in
-              zip(jax.tree.leaves(tree_MxP), jax.tree.leaves(mean)))
-  norm2 = sum(jnp.sum(m ** 2) for m in jax.tree.leaves(mean))
-  num = jax.tree.leaves(tree_MxP)[0].shape[0]
-  return jnp.sqrt(dist2 / num) / jnp.maximum(jnp.sqrt(norm2), 1e-12)
 
 
 def make_mesh(num_devices: int, num_workers: int, fsdp: int = 1) -> Mesh | None:
@@ -225,3 +140,67 @@ def state_shardings(state, mesh: Mesh | None):
   stacked = {k: v for k, v in state._asdict().items() if k not in ('step', 'key')}
   return state._replace(step=replicated, key=replicated,
                         **worker_sharding(mesh, stacked))
+
+
+def fetch(tree: PyTree) -> PyTree:
+  """Host copies of (possibly worker-sharded) arrays, from every process's devices."""
+  if jax.process_count() == 1:
+    return jax.device_get(tree)
+  return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def every_position(data_state: dict[str, Any]) -> dict[str, Any]:
+  """The data state with every worker's position: on several hosts each process
+  knows only the workers it reads (None for the others), so they are gathered."""
+  if jax.process_count() == 1:
+    return data_state
+  mine = np.array([(-1, -1) if p is None else p for p in data_state['workers']], np.int32)
+  every = multihost_utils.process_allgather(mine).max(axis=0)   # [processes, M, 2] -> [M, 2]
+  return dict(data_state, workers=every.tolist())
+
+
+def initialize_distributed(**given) -> None:
+  """`jax.distributed.initialize(**given)`: one process per host of a TPU pod slice or
+  a SLURM job (launch/MULTIHOST.md); a failure is one sentence naming loco.main's flags."""
+  try:
+    jax.distributed.initialize(**given)
+  except Exception as e:  # jax raises ValueError / RuntimeError / XlaRuntimeError
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    raise ConfigError(
+        f'--distributed: jax.distributed.initialize() failed ({first}); outside a TPU VM '
+        'or a SLURM job give --coordinator_address, --num_processes and --process_id '
+        '(launch/MULTIHOST.md).') from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+  """A run's placement: M workers of `batch_per_worker` sequences on `mesh` (or None,
+  one device). Every question the loop has about devices goes through it."""
+  mesh: Mesh | None
+  num_workers: int
+  batch_per_worker: int
+
+  @classmethod
+  def make(cls, mesh_workers: int, num_workers: int, fsdp: int,
+           batch_per_worker: int) -> 'Placement':
+    """The placement of a `mesh_workers` x `fsdp` mesh (`make_mesh`)."""
+    return cls(make_mesh(mesh_workers, num_workers, fsdp), num_workers, batch_per_worker)
+
+  def batches(self, steps: int, seq_len: int) -> jax.ShapeDtypeStruct:
+    """The shape, dtype and sharding of a chunk's [steps, M, B, seq_len + 1] tokens."""
+    return jax.ShapeDtypeStruct(
+        (steps, self.num_workers, self.batch_per_worker, seq_len + 1), jnp.int32,
+        sharding=steps_sharding(self.mesh, self.batch_per_worker))
+
+  def place_batches(self, batches_KxM) -> jax.Array:
+    """A chunk's batches (this process's workers' rows) as one placed global array."""
+    return shard_steps(batches_KxM, self.mesh, self.num_workers)
+
+  @property
+  def process_workers(self) -> tuple[int, ...]:
+    """The workers whose data this process reads (every worker on one host)."""
+    return process_workers(self.mesh, self.num_workers, self.batch_per_worker)
+
+  # Multi-host gathering needs no mesh; asked through the run's placement all the same.
+  fetch = staticmethod(fetch)
+  every_position = staticmethod(every_position)

@@ -1,10 +1,16 @@
-"""Collectives over the worker axis, on one device or across a mesh (DESIGN §1).
+"""The two-level worker axis: its names, how per-worker code is bound to it, and the
+collectives over it (DESIGN §1).
 
-On one device the worker axis is a `jax.vmap` axis named "workers". On a mesh it has
-two levels: `jax.shard_map` over the mesh axis "workers" gives each device a block of
-B = M / D workers, and a `jax.vmap` named `BLOCK` runs inside the block. Worker i is
-the pair (device i // B, slot i % B). The functions here take the worker axis's name
-and mean the same at both levels:
+Every per-worker pytree has a leading axis of size M named "workers". On one device
+per-worker code is `jax.vmap(..., axis_name=WORKERS)` (`vmap`, `map_workers`). On a
+mesh with a "workers" axis of D devices the axis has two levels: `jax.shard_map` over
+the mesh axis "workers" gives each device a block of B = M / D workers, and a
+`jax.vmap` named `BLOCK` runs inside the block (drjax's placement, made explicit);
+worker i is the pair (device i // B, slot i % B). Other mesh axes (`fsdp`) stay
+automatic inside the map and shard each worker's state (`loco.placement`).
+
+The collectives take the worker axis's name and mean the same at both levels, so
+nothing is left to the partitioner to guess:
 
   psum / pmax / axis_index / axis_size   JAX reduces over both names at once (a local
                                          sum inside the block, a psum between devices)
@@ -20,12 +26,16 @@ so a ring gossip is a shift inside the block plus a collective-permute of the bo
 workers between devices, and an all-reduce is a local sum plus an all-reduce.
 """
 
+
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec
 import numpy as np
+
+from loco.errors import ConfigError
 
 PyTree = Any
 WORKERS = 'workers'
@@ -48,6 +58,78 @@ def names(axis_name: str = WORKERS) -> tuple[str, ...]:
 def on_mesh() -> bool:
   """Whether the worker axis spans devices (a shard_map block is bound here)."""
   return _bound(BLOCK)
+
+
+def replicate(tree: PyTree, num_workers: int) -> PyTree:
+  """Stacks `num_workers` copies of a single tree on a new leading axis."""
+  return jax.tree.map(
+      lambda x: jnp.broadcast_to(x, (num_workers,) + jnp.shape(x)), tree)
+
+
+def vmap(fn: Callable, in_axes=0, mesh: Mesh | None = None) -> Callable:
+  """Maps `fn` over the worker axis: a vmap on one device, shard_map + vmap on a mesh.
+
+  Args:
+    fn: one worker's function; it may use `loco.comm` collectives.
+    in_axes: 0 (per-worker) or None (shared) for each argument, or one for all.
+    mesh: a mesh with a "workers" axis, or None. Every output is per-worker.
+  """
+  if mesh is None:
+    return jax.vmap(fn, in_axes=in_axes, axis_name=WORKERS)
+  return _on_mesh(jax.vmap(fn, in_axes=in_axes, axis_name=BLOCK), in_axes, mesh)
+
+
+def _on_mesh(block_fn: Callable, in_axes, mesh: Mesh) -> Callable:
+  """`block_fn` (one device's block of workers) under shard_map over "workers"."""
+  def mapped(*args):
+    axes = in_axes if isinstance(in_axes, (tuple, list)) else (in_axes,) * len(args)
+    specs = tuple(PartitionSpec(WORKERS) if a == 0 else PartitionSpec() for a in axes)
+    return jax.shard_map(block_fn, mesh=mesh, in_specs=specs,
+                         out_specs=PartitionSpec(WORKERS), axis_names={WORKERS},
+                         check_vma=False)(*args)
+  # Jitted, so that an eager call works too: eager shard_map needs every axis manual.
+  return jax.jit(mapped) if len(mesh.axis_names) > 1 else mapped
+
+
+GRAD_MODES = ('auto', 'vmap', 'map')
+
+
+def map_workers(fn: Callable, mode: str = 'auto', mesh: Mesh | None = None) -> Callable:
+  """Maps a communication-free per-worker `fn` (a gradient) over stacked arguments.
+
+  'vmap' batches the workers into one computation; 'map' runs them one after another
+  (`lax.map`), which keeps each worker's activations cache-sized and is faster on a
+  CPU; 'auto' picks 'map' on a CPU and 'vmap' on accelerators. On a mesh each device
+  maps its own block of workers that way, under shard_map.
+
+  The mapped function takes an optional `active=` [M] bool mask. Under 'map' a worker
+  whose flag is False skips `fn` (a `lax.cond`; its outputs are zeros). Under 'vmap'
+  every worker computes: a batched computation cannot skip one of its members.
+  """
+  if mode not in GRAD_MODES:
+    raise ConfigError(f'grad_mode must be one of {GRAD_MODES}, got {mode!r}.')
+  if mode == 'auto':
+    mode = 'map' if jax.default_backend() == 'cpu' else 'vmap'
+  if mode == 'vmap':
+    mapped = jax.vmap(fn)
+    block = lambda args, active: mapped(*args)
+  else:
+    def skip(*args):
+      return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), jax.eval_shape(fn, *args))
+
+    def one(xs):
+      args, active = xs
+      return fn(*args) if active is None else jax.lax.cond(active, fn, skip, *args)
+
+    block = lambda args, active: jax.lax.map(one, (args, active))
+  if mesh is None:
+    return lambda *args, active=None: block(args, active)
+  on_devices = _on_mesh(lambda args, active: block(args, active), 0, mesh)
+  return lambda *args, active=None: on_devices(args, active)
+
+
+def num_workers_of(tree: PyTree) -> int:
+  return jax.tree.leaves(tree)[0].shape[0]
 
 
 def axis_size(axis_name: str = WORKERS) -> int:

@@ -1,0 +1,171 @@
+"""The config boundary: a ConfigDict becomes typed settings (`Experiment`), checked once.
+
+The only module that reads a ConfigDict (DESIGN §3): `parse_config` converts it into
+dataclasses with one clear error per bad value, `build_algorithm` makes the algorithm
+from them, `write_config_json` records the run's config, model size and data
+fingerprint in its workdir, and `print_summary` prints the end-of-run lines.
+"""
+
+import dataclasses
+from typing import Any
+
+import jax
+import ml_collections
+
+from loco import algorithms
+from loco import axis
+from loco import configs
+from loco import data as data_lib
+from loco import model as model_lib
+from loco import network as network_lib
+from loco import optim
+from loco import workdir as workdir_lib
+from loco.engine import Algorithm
+from loco.errors import ConfigError
+from loco.metrics import SinkConfig
+
+
+INNER_STATES = ('fresh', 'carried')
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """The loop's own settings, typed (see experiments/base.py for their meaning)."""
+  seed: int
+  num_workers: int
+  steps: int
+  batch_per_worker: int
+  seq_len: int
+  log_every: int
+  eval_every: int
+  eval_batches: int
+  eval_batch_size: int
+  eval_per_worker: bool
+  checkpoint_every: int
+  checkpoint_keep: int
+  mesh_workers: int
+  mesh_fsdp: int
+  grad_mode: str
+  progress: bool
+  init_from: str = ''
+  init_inner_state: str = 'fresh'
+
+  def __post_init__(self):
+    for key in ('num_workers', 'steps', 'batch_per_worker', 'seq_len', 'log_every',
+                'eval_batches', 'eval_batch_size', 'mesh_workers', 'mesh_fsdp'):
+      if getattr(self, key) < 1:
+        raise ConfigError(f'{_config_key(key)} must be >= 1, got {getattr(self, key)}.')
+    if self.init_inner_state not in INNER_STATES:
+      raise ConfigError(f'init_inner_state must be one of {INNER_STATES}, got '
+                        f'{self.init_inner_state!r}.')
+    if self.grad_mode not in axis.GRAD_MODES:
+      raise ConfigError(f'grad_mode must be one of {axis.GRAD_MODES}, got '
+                        f'{self.grad_mode!r}.')
+    for key in ('eval_every', 'checkpoint_every'):
+      value = getattr(self, key)
+      if value < 0 or value % self.log_every:
+        raise ConfigError(f'{_config_key(key)} must be a non-negative multiple of '
+                          f'log_every={self.log_every}, got {value}.')
+
+
+def _config_key(field: str) -> str:
+  for prefix in ('eval', 'checkpoint', 'mesh'):
+    if field.startswith(prefix + '_'):
+      return f'{prefix}.{field[len(prefix) + 1:]}'
+  return field
+
+
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+  """Everything `run` builds from a config: typed settings, model, data, algorithm."""
+  run: RunConfig
+  model: model_lib.ModelConfig
+  data: data_lib.DataConfig
+  inner: optim.InnerConfig
+  algorithm_name: str
+  algorithm_kwargs: dict[str, Any]
+  network: network_lib.NetworkConfig | None = None
+  sinks: SinkConfig = SinkConfig()
+
+
+def _set(d) -> dict[str, Any]:
+  return {k: v for k, v in d.items() if v is not None}
+
+
+def parse_config(config: ml_collections.ConfigDict) -> Experiment:
+  """Converts a ConfigDict into typed settings, with one clear error per bad value."""
+  configs.validate(config)   # every key, type and range against experiments/base.py
+  c = config
+  run = RunConfig(
+      seed=c.seed, num_workers=c.num_workers, steps=c.steps,
+      batch_per_worker=c.batch_per_worker, seq_len=c.seq_len, log_every=c.log_every,
+      eval_every=c.eval.every, eval_batches=c.eval.batches,
+      eval_batch_size=c.eval.batch_size, eval_per_worker=c.eval.per_worker,
+      checkpoint_every=c.checkpoint.every, checkpoint_keep=c.checkpoint.keep,
+      mesh_workers=c.mesh.workers, mesh_fsdp=c.mesh.fsdp, grad_mode=c.grad_mode,
+      progress=c.progress, init_from=c.init_from, init_inner_state=c.init_inner_state)
+  data = data_lib.DataConfig(**c.data)
+  model_overrides = _set(c.model)
+  preset = model_overrides.pop('preset')
+  if 'vocab_size' not in model_overrides:
+    model_overrides['vocab_size'] = data_lib.make_tokenizer(data).vocab_size
+  model = model_lib.model_config(preset, **model_overrides)
+  if run.seq_len > model.max_seq_len:
+    raise ConfigError(f'seq_len={run.seq_len} is above the model\'s max_seq_len='
+                      f'{model.max_seq_len}.')
+  inner_kwargs = _set(c.optimizer)
+  inner_kwargs.setdefault('decay_steps', max(1, run.steps - c.optimizer.warmup_steps))
+  inner = optim.InnerConfig(**inner_kwargs)
+  algorithm_kwargs = _set(c.algorithm)
+  name = algorithm_kwargs.pop('name')
+  if name not in algorithms.REGISTRY:
+    raise ConfigError(f'algorithm.name must be one of {sorted(algorithms.REGISTRY)}, '
+                      f'got {name!r}.')
+  network = network_lib.parse_network(c.network.to_dict())
+  return Experiment(run, model, data, inner, name, algorithm_kwargs, network,
+                    SinkConfig(**_set(c.metrics)))
+
+
+def build_algorithm(exp: Experiment, mesh=None) -> Algorithm:
+  inner = optim.inner_optimizer(exp.inner)
+  return algorithms.make(exp.algorithm_name, inner, mesh=mesh, **exp.algorithm_kwargs)
+
+
+def check_vocabulary(exp: Experiment) -> None:
+  """The model's embedding table holds every token id the tokenizer can produce."""
+  tokenizer_vocab = data_lib.make_tokenizer(exp.data).vocab_size
+  if exp.model.vocab_size < tokenizer_vocab:
+    # Token ids past the embedding table would be clipped silently by the gather.
+    raise ConfigError(f'model.vocab_size={exp.model.vocab_size} is below the tokenizer\'s '
+                      f'{tokenizer_vocab} tokens; leave it unset (the tokenizer\'s size) or '
+                      'make it at least that.')
+
+
+def write_config_json(wd: workdir_lib.Workdir, config, exp: Experiment) -> None:
+  """Writes config.json: the full config, the model's size and FLOPs per token, the data's
+  fingerprint (what a resume and the readers of a run check against)."""
+  out = dict(config=config.to_dict(),
+             model=dict(dataclasses.asdict(exp.model),
+                        param_count=model_lib.param_count(exp.model),
+                        flops_per_token=model_lib.flops_per_token(exp.model,
+                                                                  exp.run.seq_len)),
+             data_fingerprint=data_lib.dataset_fingerprint(exp.data))
+  workdir_lib.write_json(wd.file(workdir_lib.CONFIG), out)
+
+
+def print_summary(config, workdir: str, record: dict[str, Any]) -> None:
+  """Prints the end-of-run lines: final eval loss against the unigram-entropy reference."""
+  if jax.process_index() != 0:
+    return
+  exp = parse_config(config)
+  lines = [f'workdir: {workdir}', f'steps: {record.get("step")}  tokens: {record.get("tokens")}']
+  if 'eval_loss' in record:
+    entropy = data_lib.unigram_entropy_nats(exp.data)
+    lines.append(f'final eval_loss: {record["eval_loss"]:.4f} nats/token  '
+                 f'(unigram entropy of the eval split: {entropy:.4f} nats/token)')
+  lines.append(f'bytes sent per worker: {record.get("bytes_sent", 0):,.0f}  '
+               f'syncs: {record.get("syncs", 0):.0f}')
+  if record.get('sim_seconds'):
+    lines.append(f'simulated time: {record["sim_seconds"]:,.1f} s  compute utilization: '
+                 f'{record["utilization"]:.1%}  (network.profile={exp.network.profile!r})')
+  print('\n'.join(lines))
