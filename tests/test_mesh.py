@@ -227,9 +227,9 @@ def test_a_workers_x_fsdp_step_shards_the_state_and_splits_the_traffic():
   1/8 of the state; parameters are gathered and gradients reduced inside a row (the
   fsdp groups), and the outer all-reduce runs between rows (the workers groups), each
   device sending its quarter of the pseudo-gradient."""
-  from experiments import base
+  from loco.configs import default
   from loco import train, workers
-  c = base.get_config()
+  c = default.get_config()
   c.model.preset, c.model.vocab_size = 'nano', 256
   c.num_workers, c.batch_per_worker, c.seq_len = 4, 4, 32
   c.algorithm.name, c.algorithm.sync_every = 'diloco', 1
@@ -273,12 +273,12 @@ def test_large_models_draw_per_tensor_so_a_sharded_init_holds_less_than_a_model(
   rematerialised whole on every device by a sharded init; above
   `PER_TENSOR_FROM` weights every tensor has its own key and each device draws only
   its shard (nano stands in for 150m / 1b here by lowering the threshold)."""
-  from experiments import base
+  from loco.configs import default
   from loco import model, train, workers
   jax.clear_caches()        # init_params' trace is cached per config
   monkeypatch.setattr(model._NormalDraws, 'PER_TENSOR_FROM', 0 if per_tensor else 1 << 40)
   try:
-    c = base.get_config()
+    c = default.get_config()
     c.model.preset, c.model.vocab_size = 'nano', 256
     c.num_workers, c.algorithm.name, c.mesh.workers, c.mesh.fsdp = 4, 'diloco', 2, 4
     exp = train.parse_config(c)
