@@ -18,8 +18,8 @@ Tolerances: losses rtol 1e-4 (see `LOSS_RTOL`); bytes exactly (they are computed
 shapes, codec widths and the topology, never from values).
 
 If a number changes: was the change intended (a deliberate change of an algorithm's
-math, its defaults or registry example, the model, the inner optimizer or the test setup)? Then regenerate
-the fixture and say why in the commit message:
+math, its defaults or its registry example, the model, the inner optimizer or the test
+setup)? Then regenerate the fixture and say why in the commit message:
 
   python -m tests.test_golden --regenerate
 

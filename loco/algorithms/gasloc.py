@@ -7,10 +7,10 @@ import numpy as np
 import optax
 
 from loco import comm
-from loco.algorithms.spec import AlgorithmSpec, Key
 from loco import optim
 from loco import topology as topology_lib
 from loco import workers
+from loco.algorithms.spec import AlgorithmSpec, Key
 from loco.engine import Algorithm, AsyncReplay, StepContext, local_updates
 from loco.errors import ConfigError
 

@@ -19,9 +19,9 @@ import jax.numpy as jnp
 import optax
 
 from loco import comm
-from loco.algorithms.spec import AlgorithmSpec
 from loco import optim
 from loco import topology as topology_lib
+from loco.algorithms.spec import AlgorithmSpec
 from loco.engine import Algorithm, AsyncReplay, local_updates
 from loco.comm import axis as comm_axis
 

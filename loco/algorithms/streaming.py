@@ -36,8 +36,8 @@ import optax
 
 from loco import comm
 from loco import compress
-from loco.algorithms.spec import AlgorithmSpec, Key
 from loco import optim
+from loco.algorithms.spec import AlgorithmSpec, Key
 from loco.engine import Algorithm, Fragments, check_schedule, local_updates
 from loco.errors import ConfigError
 
