@@ -9,11 +9,11 @@ validation perplexity 16.23 for the single-worker baseline and 15.30 for 8x-batc
 (arXiv 2311.08105, Table 2).
 """
 
-from experiments import base
+from loco.configs import default
 
 
 def get_config():
-  c = base.get_config()
+  c = default.get_config()
   c.num_workers = 8
   c.steps = 88_000
   c.batch_per_worker = 64          # 8 x 64 = 512 sequences per step, as the paper's batch

@@ -11,7 +11,7 @@ Command:
 Measured curves and the seed spread: WORKSPACE.md, "A scale where rounds are cheap".
 """
 
-from experiments import base
+from loco.configs import default
 
 VARIANTS = ('ddp', 'diloco', 'local_sgd')
 
@@ -20,7 +20,7 @@ def get_config(arg: str = 'diloco'):
   """`arg`: 'ddp', 'diloco' (Nesterov 0.7 / 0.9, the paper's) or 'local_sgd'."""
   if arg not in VARIANTS:
     raise ValueError(f'micro.py takes one of {VARIANTS} after ":", got {arg!r}.')
-  c = base.get_config()
+  c = default.get_config()
   c.model.preset = 'micro'
   c.num_workers = 8
   c.steps = 2000

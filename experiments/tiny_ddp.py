@@ -6,11 +6,11 @@ Expected: about 5 minutes on 2 CPU cores; final eval_loss well below the corpus'
 unigram byte entropy (3.25 nats), around 1.6 nats/byte.
 """
 
-from experiments import base
+from loco.configs import default
 
 
 def get_config():
-  c = base.get_config()
+  c = default.get_config()
   c.num_workers = 4
   c.steps = 300
   c.batch_per_worker = 8

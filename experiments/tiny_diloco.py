@@ -8,14 +8,14 @@ SGD) for the measured eval loss and bytes; outer lr and momentum here are tuned 
 short from-scratch runs (the paper's 0.7 / 0.9 overshoot at this scale).
 """
 
-from experiments import base
+from loco.configs import default
 
 VARIANTS = ('diloco', 'local_sgd')
 
 
 def get_config(arg: str = 'diloco'):
   """`arg` 'local_sgd' gives Local SGD (outer SGD lr 1) on the same run."""
-  c = base.get_config()
+  c = default.get_config()
   c.num_workers = 8
   c.steps = 300
   c.batch_per_worker = 4

@@ -15,11 +15,11 @@ per sync and half the bytes (77 MB): 2.339 averaged, 2.393 per worker;
 does here); --config.algorithm.topology=complete is tiny_diloco exactly.
 """
 
-from experiments import base
+from loco.configs import default
 
 
 def get_config():
-  c = base.get_config()
+  c = default.get_config()
   c.num_workers = 8
   c.steps = 300
   c.batch_per_worker = 4

@@ -13,11 +13,11 @@ paper's 512M runs), --config.algorithm.aggregation=workers, and
 --config.algorithm.dense_below=0 (the reference code's rule for small tensors).
 """
 
-from experiments import base
+from loco.configs import default
 
 
 def get_config():
-  c = base.get_config()
+  c = default.get_config()
   c.num_workers = 8
   c.steps = 300
   c.batch_per_worker = 4

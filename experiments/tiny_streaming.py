@@ -15,11 +15,11 @@ short from-scratch runs) so the two differ only by streaming; the paper's 0.4 / 
 `--config.algorithm.overlap_steps=5`, `--config.algorithm.num_fragments=2`.
 """
 
-from experiments import base
+from loco.configs import default
 
 
 def get_config():
-  c = base.get_config()
+  c = default.get_config()
   c.num_workers = 8
   c.steps = 300
   c.batch_per_worker = 4

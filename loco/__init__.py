@@ -3,7 +3,8 @@
 The stable surface (everything else is internal and may move):
 
   the contract      Algorithm, LocoState, StepContext, StepInfo, local_updates
-  algorithms        REGISTRY, make_algorithm; the modules comm, compress, topology, optim
+  algorithms        REGISTRY, make_algorithm, register_algorithm, AlgorithmSpec; the
+                    modules comm, compress, topology, optim
   the model         ModelConfig, model_config, init_params, loss_fn
   data              DataConfig, make_train_iterator, make_eval_windows
   runs              train (train.run(config, workdir)), evaluate_run, read_run
@@ -29,6 +30,8 @@ _EXPORTS = {
     'local_updates': ('loco.engine', 'local_updates'),
     'REGISTRY': ('loco.algorithms', 'REGISTRY'),
     'make_algorithm': ('loco.algorithms', 'make'),
+    'register_algorithm': ('loco.algorithms', 'register'),
+    'AlgorithmSpec': ('loco.algorithms', 'AlgorithmSpec'),
     'comm': ('loco.comm', None),
     'compress': ('loco.compress', None),
     'topology': ('loco.topology', None),

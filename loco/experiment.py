@@ -30,7 +30,7 @@ INNER_STATES = ('fresh', 'carried')
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-  """The loop's own settings, typed (see experiments/base.py for their meaning)."""
+  """The loop's own settings, typed (see loco/configs/default.py for their meaning)."""
   seed: int
   num_workers: int
   steps: int
@@ -94,7 +94,7 @@ def _set(d) -> dict[str, Any]:
 
 def parse_config(config: ml_collections.ConfigDict) -> Experiment:
   """Converts a ConfigDict into typed settings, with one clear error per bad value."""
-  configs.validate(config)   # every key, type and range against experiments/base.py
+  configs.validate(config)   # every key, type and range: the schema and algorithm specs
   c = config
   run = RunConfig(
       seed=c.seed, num_workers=c.num_workers, steps=c.steps,
@@ -113,14 +113,12 @@ def parse_config(config: ml_collections.ConfigDict) -> Experiment:
   if run.seq_len > model.max_seq_len:
     raise ConfigError(f'seq_len={run.seq_len} is above the model\'s max_seq_len='
                       f'{model.max_seq_len}.')
-  inner_kwargs = _set(c.optimizer)
-  inner_kwargs.setdefault('decay_steps', max(1, run.steps - c.optimizer.warmup_steps))
-  inner = optim.InnerConfig(**inner_kwargs)
   algorithm_kwargs = _set(c.algorithm)
   name = algorithm_kwargs.pop('name')
-  if name not in algorithms.REGISTRY:
-    raise ConfigError(f'algorithm.name must be one of {sorted(algorithms.REGISTRY)}, '
-                      f'got {name!r}.')
+  inner_kwargs = _set(c.optimizer)
+  inner_kwargs.setdefault('decay_steps', max(1, run.steps - c.optimizer.warmup_steps))
+  inner_kwargs.setdefault('name', algorithms.spec_of(name).inner)
+  inner = optim.InnerConfig(**inner_kwargs)
   network = network_lib.parse_network(c.network.to_dict())
   return Experiment(run, model, data, inner, name, algorithm_kwargs, network,
                     SinkConfig(**_set(c.metrics)))

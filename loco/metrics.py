@@ -38,7 +38,7 @@ class Sink(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class SinkConfig:
-  """Which sinks a run writes besides metrics.jsonl (experiments/base.py `metrics.*`)."""
+  """Which sinks a run writes besides metrics.jsonl (loco/configs/default.py `metrics.*`)."""
   tensorboard: bool = True
   wandb_project: str = ''     # '' = no W&B
   wandb_entity: str = ''

@@ -55,7 +55,7 @@ _PROFILE_DEFAULTS = {
 @dataclasses.dataclass(frozen=True)
 class NetworkConfig:
   """The `network` config section, typed: each key is documented where it is defined,
-  in experiments/base.py (a None there is the default here, or the profile's)."""
+  in loco/configs/default.py (a None there is the default here, or the profile's)."""
   profile: str
   mode: str = 'sync'
   local_work: str = 'steps'

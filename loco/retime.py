@@ -44,8 +44,8 @@ def network_section(overrides: Mapping[str, Any]) -> dict[str, Any]:
   for key in overrides:
     if not key.startswith('network.'):
       raise ConfigError(f'{key} is not a network key: re-timing sets only network.KEY.')
-  from experiments import base
-  config = configs.load(base.__file__, overrides)
+  from loco.configs import default
+  config = configs.load(default.__file__, overrides)
   configs.validate(config)
   section = config.network.to_dict()
   network_lib.parse_network(section)

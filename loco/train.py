@@ -44,7 +44,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   config (only `steps` may grow); a finished run returns its last record.
 
   Args:
-    config: the experiment's ConfigDict (experiments/base.py).
+    config: the experiment's ConfigDict (loco/configs/default.py).
     workdir: the run directory.
     timings: if given, filled with seconds per start-up phase (config, init, data,
       restore, compile, first_chunk).

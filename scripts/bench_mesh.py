@@ -50,7 +50,7 @@ import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
 import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from experiments import base  # pylint: disable=g-import-not-at-top,wrong-import-position
+from loco.configs import default  # pylint: disable=g-import-not-at-top,wrong-import-position
 from loco import model as model_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 from loco import experiment, placement  # pylint: disable=g-import-not-at-top,wrong-import-position
 from loco import step as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -59,7 +59,7 @@ GIB = 2 ** 30
 
 
 def _experiment(preset: str, mesh_workers: int, fsdp: int) -> experiment.Experiment:
-  c = base.get_config()
+  c = default.get_config()
   c.model.preset = preset
   c.model.vocab_size = model_lib.PRESETS[preset]['vocab_size']   # no tokenizer needed
   c.num_workers, c.batch_per_worker, c.seq_len = ARGS.workers, ARGS.batch, ARGS.seq

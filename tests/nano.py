@@ -4,8 +4,8 @@ no side effects on import)."""
 
 def make_nano_config(text_glob: str, data_dir: str):
   """A config that trains the nano model for a few steps in seconds."""
-  from experiments import base
-  c = base.get_config()
+  from loco.configs import default
+  c = default.get_config()
   c.num_workers = 2
   c.steps = 20
   c.batch_per_worker = 2

@@ -121,7 +121,7 @@ def test_unknown_keys_set_inside_a_config_file_fail(tmp_path, small_corpus_glob,
 def test_config_file_errors_name_the_file_and_line(tmp_path):
   """Before: a traceback's last line, library internals for a missing file."""
   syntax = tmp_path / 'syntax.py'
-  syntax.write_text('from experiments import base\n\n\ndef get_config(:\n  return base\n')
+  syntax.write_text('from loco.configs import default\n\n\ndef get_config(:\n  return base\n')
   out = _main(tmp_path, f'--config={syntax}', '--config.steps=3')
   assert out.returncode == 2
   assert out.stderr.splitlines() == [f'loco: error: {syntax} line 4: invalid syntax']
@@ -132,8 +132,8 @@ def test_config_file_errors_name_the_file_and_line(tmp_path):
   assert out.stderr.splitlines() == [f'loco: error: no such config file: {missing}']
 
   raises = tmp_path / 'raises.py'
-  raises.write_text('from experiments import base\n\n\ndef get_config():\n'
-                    '  c = base.get_config()\n  raise RuntimeError("no such dataset")\n')
+  raises.write_text('from loco.configs import default\n\n\ndef get_config():\n'
+                    '  c = default.get_config()\n  raise RuntimeError("no such dataset")\n')
   out = _main(tmp_path, f'--config={raises}')
   assert out.returncode == 2
   assert out.stderr.splitlines() == [
@@ -155,10 +155,8 @@ def test_config_file_errors_name_the_file_and_line(tmp_path):
     ({'model.qk_norm': '0'}, "model.qk_norm must be true or false, got '0'."),
     ({'optimizer.b1': '1'}, 'optimizer.b1 must be in [0, 1), got 1.0.'),
     ({'network.mfu': '1.5'}, 'network.mfu must be in (0, 1], got 1.5.'),
-    ({'algorithm.gossip_step': '0'}, 'algorithm.gossip_step must be in (0, 1], got 0.0.'),
     ({'network.seed': '-1'}, 'network.seed must be in [0, 2**32), got -1.'),
     ({'seed': str(2**63)}, f'seed must be in [0, 2**32), got {2**63}.'),
-    ({'algorithm.seed': str(2**32)}, f'algorithm.seed must be in [0, 2**32), got {2**32}.'),
     ({'optimizer.eps': '0'}, 'optimizer.eps must be positive, got 0.0.'),
     ({'steps': True}, 'steps must be an integer, got True.'),
     ({'data.source': 3}, 'data.source must be a string, got 3.'),
@@ -167,6 +165,28 @@ def test_values_are_checked_without_coercion(overrides, message):
   """Before: checkpoint.keep=0 became 1; the others were absl tracebacks or accepted."""
   with pytest.raises(ConfigError) as e:
     _load(overrides)
+  assert str(e.value) == message
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'algorithm.gossip_step': '0'}, 'algorithm.gossip_step must be in (0, 1], got 0.0.'),
+    ({'algorithm.seed': str(2**32)}, f'algorithm.seed must be in [0, 2**32), got {2**32}.'),
+    ({'algorithm.sync_every': '0'}, 'algorithm.sync_every must be >= 1, got 0.'),
+    ({'algorithm.topk': '64'}, "algorithm 'gasloc' does not take topk; its keys are: "
+                               'sync_every, topology, weights, mix, form, outer_optimizer, '
+                               'outer_lr, outer_momentum, gossip_step, transport_dtype, seed, '
+                               'local_steps.'),
+    ({'algorithm.name': 'gossip'}, "algorithm.name must be one of ['a2cid2', 'adpsgd', "
+                                   "'ddp', 'diloco', 'dsgd', 'gasloc', 'local_sgd', 'noloco', "
+                                   "'sparseloco', 'streaming_diloco'], got 'gossip'."),
+    ({'optimizer.name': 'lion'}, "optimizer.name must be one of adamw, muon, sgd, signsgd, "
+                                 "got 'lion'."),
+])
+def test_algorithm_keys_are_checked_by_the_algorithm_spec(overrides, message):
+  """The algorithm's keys and ranges come from its spec: one sentence naming the key,
+  the algorithm's keys, or the allowed names."""
+  with pytest.raises(ConfigError) as e:
+    _load(overrides, spec='experiments/tiny_gasloc.py')
   assert str(e.value) == message
 
 
@@ -195,10 +215,19 @@ def test_cli_bad_values_stop_before_training(tmp_path, small_corpus_glob, data_d
 
 
 def test_every_number_has_a_rule():
-  """A new numeric key in base.py needs a line in CONSTRAINTS (or a rule between keys)."""
-  numeric = {k for k, (kind, _) in configs.schema().items() if kind in (int, float)}
+  """A new numeric key in default.py needs a line in CONSTRAINTS (or a rule between keys);
+  a numeric algorithm key, a rule in its `Key`."""
+  from loco import algorithms
+  numeric = {k for k, (kind, _) in configs.schema().items()
+             if kind in (int, float) and not k.startswith('algorithm.')}
   between_keys = {'eval.every', 'checkpoint.every'}   # multiples of log_every (experiment.RunConfig)
   assert numeric - set(configs.CONSTRAINTS) == between_keys
+  assert not [k for k in configs.CONSTRAINTS if k.startswith('algorithm.')]
+  unruled = [k for k, key in algorithms.config_keys().items()
+             if key.kind in (int, float) and key.rule is None]
+  assert not unruled, f'numeric algorithm keys without a rule: {unruled}'
+  assert {f'algorithm.{k}' for k in algorithms.config_keys()} | {'algorithm.name'} == {
+      k for k in configs.schema() if k.startswith('algorithm.')}
 
 
 def test_every_experiment_config_loads_and_validates():
@@ -206,7 +235,7 @@ def test_every_experiment_config_loads_and_validates():
   specs = []
   for path in files:
     name = os.path.splitext(os.path.basename(path))[0]
-    if name in ('base', '__init__'):
+    if name == '__init__':
       continue
     variants = getattr(importlib.import_module(f'experiments.{name}'), 'VARIANTS', [None])
     specs += [f'{path}:{v}' if v else path for v in variants]

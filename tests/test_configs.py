@@ -19,7 +19,7 @@ from loco import model as model_lib
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FILES = sorted(os.path.splitext(os.path.basename(p))[0]
                for p in glob.glob(os.path.join(REPO, 'experiments', '*.py'))
-               if not os.path.basename(p).startswith(('base', '__')))
+               if not os.path.basename(p).startswith('__'))
 # A file with VARIANTS takes one after ':' on the command line (--config=FILE.py:VARIANT).
 CONFIGS = [f'{name}:{v}' if v else name for name in FILES
            for v in getattr(importlib.import_module(f'experiments.{name}'), 'VARIANTS', [None])]

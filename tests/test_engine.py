@@ -8,19 +8,61 @@ import pytest
 
 from loco import algorithms
 from loco import axis
+from loco import configs
 from loco import comm
 from loco import merge
 from loco import model as model_lib
 from loco import optim
 from loco import step as step_lib
+from loco.algorithms import spec as spec_lib
 from loco.engine import StepContext, local_updates
 from loco.errors import ConfigError
 
 M = 4
 
 
-def _kwargs(name, sync_every=4):
-  return {'sync_every': sync_every} if 'sync_every' in algorithms.keys_of(name) else {}
+def _example(name):
+  """The registry's example keys of `name` (they sync within 4 steps)."""
+  return dict(algorithms.REGISTRY[name].example)
+
+
+def _lacks(name, spec) -> list[str]:
+  """What the test suites need from a registry entry and `spec` does not give."""
+  lacks = []
+  if spec.example is None:
+    lacks.append('an example (conformance, mesh, golden and loop tests build it with it)')
+  else:
+    for case, keys in spec.examples(name).items():
+      extra = sorted(set(keys) - set(spec.key_names()))
+      if extra:
+        lacks.append(f'example {case!r} sets keys the factory does not take: {extra}')
+  if spec.carrier not in spec_lib.CARRIERS:
+    lacks.append(f'a carrier collective, one of {spec_lib.CARRIERS} (tests/test_mesh.py)')
+  if spec.inner not in optim.INNER_OPTIMIZERS:
+    lacks.append(f'a default inner optimizer, one of {optim.INNER_OPTIMIZERS}')
+  undeclared = sorted(set(spec.key_names()) - set(spec.config_keys()))
+  if undeclared:
+    lacks.append(f'a Key (type, rule, doc) for {undeclared} (the config schema)')
+  return lacks
+
+
+@pytest.mark.parametrize('name', sorted(algorithms.REGISTRY))
+def test_every_registry_entry_has_what_the_suites_need(name):
+  """The suites read every per-algorithm fact from the registry: an entry without one
+  would silently drop out of them."""
+  assert not _lacks(name, algorithms.REGISTRY[name]), (
+      f'the spec of {name!r} lacks: {"; ".join(_lacks(name, algorithms.REGISTRY[name]))} '
+      '(loco/algorithms/spec.py).')
+
+
+def test_a_bare_factory_lacks_what_the_suites_need():
+  algorithms.register('bare_ddp', algorithms.REGISTRY['ddp'].factory)
+  try:
+    assert len(_lacks('bare_ddp', algorithms.REGISTRY['bare_ddp'])) == 2   # example, carrier
+    assert algorithms.make('bare_ddp', optax.sgd(0.1)).init is not None
+  finally:
+    del algorithms.REGISTRY['bare_ddp']
+    configs.forget_schema()
 
 
 def _quadratic_setup(key=0):
@@ -43,7 +85,7 @@ def _distance(params_MxP, target):
 def test_conformance(name):
   """Every registered algorithm: no retrace, finite state, dtypes kept, converges."""
   params, target, loss = _quadratic_setup()
-  alg = algorithms.make(name, optax.sgd(0.1), **_kwargs(name))
+  alg = algorithms.make(name, optax.sgd(0.1), **_example(name))
   state = alg.init(params, M, jax.random.PRNGKey(1))
   traces = []
 
@@ -82,12 +124,8 @@ def _blocks_setup():
   return params, loss
 
 
-# Per algorithm: keys with syncs within SILENT_STEPS steps, and silent steps between them.
+# The examples sync within SILENT_STEPS steps, with silent steps between the syncs.
 SILENT_STEPS = 8
-_SILENT_KEYS = {
-    # 3 fragments (embed, block 0, block 1): one syncs every 2 steps, merged 1 step later.
-    'streaming_diloco': dict(sync_every=6, overlap_steps=1),
-}
 # Algorithms that mix workers on a step they report as silent (a real bug): name -> why.
 _MIXES_ON_SILENT_STEPS: dict[str, str] = {}
 
@@ -114,7 +152,7 @@ def test_silent_steps_do_not_mix_workers(name):
   must on some step: otherwise this check could not see mixing at all.
   """
   params, loss = _blocks_setup()
-  keys = {**_kwargs(name, sync_every=3), **_SILENT_KEYS.get(name, {})}
+  keys = _example(name)
   alg = algorithms.make(name, optax.adam(0.05), **keys)
   state = alg.init(params, M, jax.random.PRNGKey(1))
   step = jax.jit(alg.step)

@@ -18,8 +18,8 @@ Tolerances: losses rtol 1e-4 (see `LOSS_RTOL`); bytes exactly (they are computed
 shapes, codec widths and the topology, never from values).
 
 If a number changes: was the change intended (a deliberate change of an algorithm's
-math, its defaults, the model, the inner optimizer or the test setup)? Then regenerate
-the fixture and say why in the commit message:
+math, its defaults or its registry example, the model, the inner optimizer or the test
+setup)? Then regenerate the fixture and say why in the commit message:
 
   python -m tests.test_golden --regenerate
 
@@ -72,22 +72,10 @@ TEXT = (
     'workers had met at every step. This short text is the whole data set of the '
     'golden test: it only has to be fixed, not large.')
 
-# name -> (registry name, keys). Small sync periods so that syncs happen in 8 steps.
-CASES = {
-    'ddp': ('ddp', {}),
-    'diloco': ('diloco', dict(sync_every=2)),
-    'local_sgd': ('local_sgd', dict(sync_every=2)),
-    'sparseloco': ('sparseloco', dict(sync_every=2)),
-    'gasloc_ring': ('gasloc', dict(sync_every=2, topology='ring')),
-    'gasloc_matching': ('gasloc', dict(sync_every=2, topology='matching')),
-    'dsgd': ('dsgd', dict(topology='ring')),
-    'adpsgd': ('adpsgd', dict(topology='exponential')),
-    'a2cid2': ('a2cid2', dict(topology='ring')),
-    'noloco': ('noloco', dict(sync_every=3, topology='matching')),
-    # Fragments {embeddings, norms} and {blocks}: one syncs every 2 steps, tau 1.
-    'streaming_diloco': ('streaming_diloco', dict(sync_every=4, num_fragments=1,
-                                                  overlap_steps=1)),
-}
+# case -> (registry name, keys): every registry entry's example (syncs within a few
+# steps) and its variants, `<name>_<variant>` (loco/algorithms/spec.py).
+CASES = {case: (name, keys) for name, spec in algorithms.REGISTRY.items()
+         for case, keys in spec.examples(name).items()}
 INNER = optim.InnerConfig(lr=1e-2, warmup_steps=2, decay_steps=STEPS)
 
 
@@ -156,8 +144,8 @@ def _advice(case: str) -> str:
 def test_every_registered_algorithm_has_golden_numbers():
   covered = {name for name, _ in CASES.values()}
   missing = sorted(set(algorithms.REGISTRY) - covered)
-  assert not missing, (f'no golden case for {missing}: add one to CASES in '
-                       f'tests/test_golden.py and run `{REGENERATE}`.')
+  assert not missing, (f'no golden case for {missing}: give its AlgorithmSpec an example '
+                       f'and run `{REGENERATE}`.')
   assert set(_load()['cases']) == set(CASES), (
       f'tests/golden/trajectories.json does not hold the cases of CASES; run '
       f'`{REGENERATE}`.')

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
+from loco import algorithms
 from loco import axis
 
 COLLECTIVE = re.compile(r'(collective-permute|all-gather|all-reduce|reduce-scatter|'
@@ -85,30 +86,22 @@ def collectives(hlo: str) -> list[tuple[str, int]]:
   return out
 
 
-ALGORITHMS = {   # name: (keys, the collective that carries the model, models per step)
-    'ddp': ({}, 'all-reduce'),
-    'diloco': ({'sync_every': 2}, 'all-reduce'),
-    'local_sgd': ({'sync_every': 2}, 'all-reduce'),
-    'streaming_diloco': ({'sync_every': 4, 'num_fragments': 1}, 'all-reduce'),
-    'sparseloco': ({'sync_every': 2}, 'all-gather'),
-    'gasloc': ({'sync_every': 2, 'topology': 'ring'}, 'collective-permute'),
-    'gasloc_matching': ({'sync_every': 2, 'topology': 'matching'}, 'collective-permute'),
-    'dsgd': ({}, 'collective-permute'),
-    'adpsgd': ({}, 'collective-permute'),
-    'a2cid2': ({}, 'collective-permute'),
-    'noloco': ({'sync_every': 2}, 'collective-permute'),
-}
+# case -> (registry name, keys, the collective that carries the model): every registry
+# entry's example and its variants (`<name>_<variant>`), from the registry.
+ALGORITHMS = {case: (name, keys, spec.carrier) for name, spec in algorithms.REGISTRY.items()
+              for case, keys in spec.examples(name).items()}
 
 
 @functools.cache
 def _compiled(name, m=8, overrides=()):
   """One step of `name` compiled for the 8-device mesh: (hlo, model bytes, compiled,
   state, grads). `overrides`: (key, value) pairs over its keys."""
-  keys = {**ALGORITHMS[name][0], **dict(overrides)}
-  from loco import algorithms, model as model_lib, optim
+  registered, keys, _ = ALGORITHMS[name]
+  keys = {**keys, **dict(overrides)}
+  from loco import model as model_lib, optim
   from loco.placement import make_mesh, state_shardings
   mesh = make_mesh(8, m)
-  alg = algorithms.make(name.split('_matching')[0], optim.inner_optimizer(
+  alg = algorithms.make(registered, optim.inner_optimizer(
       optim.InnerConfig(decay_steps=10)), mesh=mesh, **keys)
   cfg = model_lib.model_config('nano', vocab_size=64)
   params = model_lib.init_params(cfg, jax.random.key(0))[1]
@@ -138,7 +131,7 @@ DEFAULT_RUN = {'diloco'}   # the rest: pytest -m slow (gasloc on 8 devices: test
 def test_each_algorithm_moves_the_model_by_its_own_collective(name):
   """Ring and matching gossip are collective-permutes (no all-gather of the model), the
   all-reduce algorithms an all-reduce: read from the compiled 8-device program."""
-  _, carrier = ALGORITHMS[name]
+  *_, carrier = ALGORITHMS[name]
   hlo, model_bytes, *_ = _compiled(name)
   heavy = {kind for kind, size in _traffic(hlo).items() if size >= model_bytes / 2}
   assert heavy == {carrier}, _traffic(hlo)
@@ -150,16 +143,16 @@ def _sync_info(step, state, grads, steps):
   return info
 
 
-@pytest.mark.parametrize('name,steps', [
-    ('diloco', 2), ('gasloc', 2), pytest.param('ddp', 1, marks=pytest.mark.slow),
-    pytest.param('local_sgd', 2, marks=pytest.mark.slow),
-    pytest.param('dsgd', 1, marks=pytest.mark.slow)])
-def test_collective_bytes_agree_with_step_info(name, steps):
+@pytest.mark.parametrize('name', [
+    'diloco', 'gasloc', pytest.param('ddp', marks=pytest.mark.slow),
+    pytest.param('local_sgd', marks=pytest.mark.slow),
+    pytest.param('dsgd', marks=pytest.mark.slow)])
+def test_collective_bytes_agree_with_step_info(name):
   """What the program sends per device equals what StepInfo reports per worker (one
   worker per device): the all-reduced tree, or one ring edge per direction."""
-  _, carrier = ALGORITHMS[name]
+  _, keys, carrier = ALGORITHMS[name]
   hlo, _, alg, state, grads = _compiled(name)
-  info = _sync_info(alg, state, grads, steps)
+  info = _sync_info(alg, state, grads, keys.get('sync_every', 1))
   payload = float(np.asarray(info.payload)[0])
   sent = _traffic(hlo)[carrier]
   if carrier == 'collective-permute':      # a ring: one permutation each way
@@ -176,7 +169,7 @@ def test_sparseloco_gathers_only_its_top_k_payload():
   program sends 8 bytes per kept value where StepInfo counts the packed payload
   (12-bit-or-less indices, 2-bit codes, scales): counted and explained."""
   from loco import compress
-  keys, _ = ALGORITHMS['sparseloco']
+  _, keys, _ = ALGORITHMS['sparseloco']
   hlo, model_bytes, alg, state, grads = _compiled('sparseloco', overrides=(('dense_below', 0),))
   traffic = _traffic(hlo)
   assert set(traffic) == {'all-gather'}, traffic            # no all-reduce of a tensor
@@ -199,7 +192,7 @@ def test_a_compressed_all_reduce_is_simulated_by_a_dense_float32_reduction():
   """Counted and explained: Streaming's E3M0 all-reduce is simulated as a float32 psum
   of the decoded values, so the program moves the dense tree while StepInfo reports
   the 4-bit payload a real implementation would send."""
-  keys, _ = ALGORITHMS['streaming_diloco']
+  _, keys, _ = ALGORITHMS['streaming_diloco']
   hlo, model_bytes, alg, state, grads = _compiled('streaming_diloco')
   info = _sync_info(alg, state, grads, keys['sync_every'])
   reported = float(np.asarray(info.payload).max())
@@ -227,10 +220,10 @@ def test_a_workers_x_fsdp_step_shards_the_state_and_splits_the_traffic():
   1/8 of the state; parameters are gathered and gradients reduced inside a row (the
   fsdp groups), and the outer all-reduce runs between rows (the workers groups), each
   device sending its quarter of the pseudo-gradient."""
-  from experiments import base
+  from loco.configs import default
   from loco import experiment, placement
   from loco import step as step_lib
-  c = base.get_config()
+  c = default.get_config()
   c.model.preset, c.model.vocab_size = 'nano', 256
   c.num_workers, c.batch_per_worker, c.seq_len = 4, 4, 32
   c.algorithm.name, c.algorithm.sync_every = 'diloco', 1
@@ -274,13 +267,13 @@ def test_large_models_draw_per_tensor_so_a_sharded_init_holds_less_than_a_model(
   rematerialised whole on every device by a sharded init; above
   `PER_TENSOR_FROM` weights every tensor has its own key and each device draws only
   its shard (nano stands in for 150m / 1b here by lowering the threshold)."""
-  from experiments import base
+  from loco.configs import default
   from loco import experiment, model, placement
   from loco import step as step_lib
   jax.clear_caches()        # init_params' trace is cached per config
   monkeypatch.setattr(model._NormalDraws, 'PER_TENSOR_FROM', 0 if per_tensor else 1 << 40)
   try:
-    c = base.get_config()
+    c = default.get_config()
     c.model.preset, c.model.vocab_size = 'nano', 256
     c.num_workers, c.algorithm.name, c.mesh.workers, c.mesh.fsdp = 4, 'diloco', 2, 4
     exp = experiment.parse_config(c)
@@ -303,10 +296,11 @@ def test_large_models_draw_per_tensor_so_a_sharded_init_holds_less_than_a_model(
 # Every algorithm under shard_map equals the one-device vmap run.
 
 def _run_steps(name, m, mesh, steps=4):
-  from loco import algorithms, model as model_lib, optim
+  from loco import model as model_lib, optim
   from loco.placement import state_shardings
-  alg = algorithms.make(name.split('_matching')[0], optim.inner_optimizer(
-      optim.InnerConfig(decay_steps=10)), mesh=mesh, **ALGORITHMS[name][0])
+  registered, keys, _ = ALGORITHMS[name]
+  alg = algorithms.make(registered, optim.inner_optimizer(
+      optim.InnerConfig(decay_steps=10)), mesh=mesh, **keys)
   params = model_lib.init_params(model_lib.model_config('nano', vocab_size=64),
                                  jax.random.key(0))[1]
   state = alg.init(params, m, jax.random.key(1))

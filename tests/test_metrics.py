@@ -16,7 +16,7 @@ import types
 
 import pytest
 
-from experiments import base
+from loco.configs import default
 from loco import configs
 from loco import metrics
 from loco import workdir as workdir_lib
@@ -243,7 +243,7 @@ def test_wandb_is_imported_only_when_configured(tmp_path, monkeypatch):
 # The metrics.* keys.
 
 def _config(**metrics_keys):
-  c = base.get_config()
+  c = default.get_config()
   for key, value in metrics_keys.items():
     c.metrics[key] = value
   return c
@@ -267,7 +267,7 @@ def test_a_wrong_wandb_mode_is_one_config_error(fake_wandb):
 
 
 def test_metrics_keys_may_change_on_resume(tmp_path):
-  old = base.get_config().to_dict()
+  old = default.get_config().to_dict()
   del old['metrics']                     # a run written before the metrics.* keys
   workdir_lib.write_json(str(tmp_path / workdir_lib.CONFIG), {'config': old})
   new = _config(wandb_project='p', wandb_mode='offline').to_dict()

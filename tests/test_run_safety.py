@@ -421,7 +421,8 @@ def _sabotaged(value: float, from_step: int):
 ])
 def test_divergence_is_recorded_and_keeps_the_good_checkpoint(nano_config, tmp_path,
                                                               monkeypatch, value, why):
-  monkeypatch.setitem(algorithms.REGISTRY, 'sabotaged', _sabotaged(value, 13))
+  monkeypatch.setitem(algorithms.REGISTRY, 'sabotaged',
+                      algorithms.AlgorithmSpec(_sabotaged(value, 13)))
   nano_config.algorithm.name = 'sabotaged'
   workdir = str(tmp_path / 'run')
   with pytest.raises(DivergenceError) as diverged:

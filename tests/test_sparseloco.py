@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from experiments import base
+from loco.configs import default
 from loco import algorithms
 from loco import comm
 from loco import compress
@@ -236,7 +236,7 @@ def test_diloco_with_compressed_pseudo_gradients():
 
 
 def test_config_keys_and_bad_input():
-  keys = set(base.get_config().algorithm.keys())
+  keys = set(default.get_config().algorithm.keys())
   for name in ('sparseloco', 'diloco'):
     assert set(algorithms.keys_of(name)) <= keys, name
   with pytest.raises(ConfigError, match='algorithm.aggregation'):

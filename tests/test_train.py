@@ -64,11 +64,8 @@ _LOOP_DEFAULT = {'diloco', 'gasloc', 'sparseloco', 'streaming_diloco', 'adpsgd'}
 def test_every_algorithm_trains_through_the_loop(nano_config, tmp_path, name):
   """Donation, checkpointing and metrics work for every registered algorithm."""
   nano_config.algorithm.name = name
-  if 'sync_every' in algorithms.keys_of(name):
-    nano_config.algorithm.sync_every = 2
-  if name == 'streaming_diloco':   # 2 fragments (blocks + embeddings), one in flight
-    nano_config.algorithm.num_fragments = 1
-    nano_config.algorithm.sync_every = 4
+  for key, value in algorithms.REGISTRY[name].example.items():   # syncs within 4 steps
+    nano_config.algorithm[key] = value
   nano_config.num_workers = 4
   nano_config.steps = 4
   nano_config.log_every = 2

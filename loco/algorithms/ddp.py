@@ -3,6 +3,7 @@
 import optax
 
 from loco import comm
+from loco.algorithms.spec import AlgorithmSpec
 from loco.engine import Algorithm, local_updates
 
 
@@ -26,3 +27,6 @@ def ddp(inner: optax.GradientTransformation, *, transport_dtype: str = 'float32'
   """
   return local_updates(optax.chain(comm.all_reduce_mean(transport_dtype), inner),
                        None, 1, mesh=mesh)
+
+
+DDP = AlgorithmSpec(ddp, example={}, carrier='all-reduce')

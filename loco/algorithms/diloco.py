@@ -5,6 +5,7 @@ import optax
 from loco import comm
 from loco import compress
 from loco import optim
+from loco.algorithms.spec import AlgorithmSpec
 from loco.engine import Algorithm, local_updates
 
 
@@ -54,3 +55,7 @@ def local_sgd(inner: optax.GradientTransformation, *, sync_every: int = 50,
   """
   return diloco(inner, sync_every=sync_every, transport_dtype=transport_dtype,
                 outer=optax.sgd(1.0), mesh=mesh)
+
+
+DILOCO = AlgorithmSpec(diloco, example=dict(sync_every=2), carrier='all-reduce')
+LOCAL_SGD = AlgorithmSpec(local_sgd, example=dict(sync_every=2), carrier='all-reduce')

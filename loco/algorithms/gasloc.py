@@ -10,6 +10,7 @@ from loco import comm
 from loco import optim
 from loco import topology as topology_lib
 from loco import axis
+from loco.algorithms.spec import AlgorithmSpec, Key
 from loco.engine import Algorithm, AsyncReplay, StepContext, local_updates
 from loco.errors import ConfigError
 
@@ -164,3 +165,12 @@ def _with_local_steps(algorithm: Algorithm, local_steps: Sequence[int],
     return algorithm.step(state, grads, ctx._replace(active=active))
 
   return algorithm._replace(init=init, step=step)
+
+
+GASLOC = AlgorithmSpec(
+    gasloc,
+    keys={'mix': Key(str, 'GASLoC gossips: models | deltas'),
+          'form': Key(str, 'GASLoC form: diloco_outer | proposed_points'),
+          'local_steps': Key(list, 'GASLoC: per-worker H_i <= sync_every')},
+    example=dict(sync_every=2, topology='ring'), variants={'matching': dict(topology='matching')},
+    carrier='collective-permute')

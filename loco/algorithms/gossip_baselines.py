@@ -21,6 +21,7 @@ import optax
 from loco import comm
 from loco import optim
 from loco import topology as topology_lib
+from loco.algorithms.spec import AlgorithmSpec
 from loco.engine import Algorithm, AsyncReplay, local_updates
 from loco import axis as comm_axis
 
@@ -216,3 +217,11 @@ def noloco(inner: optax.GradientTransformation, *, sync_every: int = 50,
   algorithm = local_updates(inner, optax.chain(mixer, outer), sync_every, mesh=mesh)
   peers = lambda m: topology_lib.resolve_topology(topology, m, seed=seed, pairwise=True).adjacency
   return algorithm._replace(replay=AsyncReplay(sync_every, peers, transport_dtype))
+
+
+DSGD = AlgorithmSpec(dsgd, example=dict(topology='ring'), carrier='collective-permute')
+ADPSGD = AlgorithmSpec(adpsgd, example=dict(topology='exponential'),
+                       carrier='collective-permute')
+A2CID2 = AlgorithmSpec(a2cid2, example=dict(topology='ring'), carrier='collective-permute')
+NOLOCO = AlgorithmSpec(noloco, example=dict(sync_every=3, topology='matching'),
+                       carrier='collective-permute')

@@ -4,6 +4,7 @@ import optax
 
 from loco import comm
 from loco import compress
+from loco.algorithms.spec import AlgorithmSpec, Key
 from loco.engine import Algorithm, local_updates
 
 
@@ -69,3 +70,13 @@ def sparseloco(inner: optax.GradientTransformation, *, sync_every: int = 15,
                            chunk_size=chunk_size, dense_below=dense_below,
                            compression=compression, aggregation=aggregation)
   return local_updates(inner, outer, sync_every, mesh=mesh)
+
+
+SPARSELOCO = AlgorithmSpec(
+    sparseloco,
+    keys={'error_decay': Key(float, 'SparseLoCo error-feedback decay beta', 'in [0, 1]'),
+          'topk': Key(int, 'SparseLoCo values kept per chunk (64 | 128)', '>= 1'),
+          'chunk_size': Key(int, 'SparseLoCo values per chunk (4096 = 64x64 tiles)', '>= 1'),
+          'dense_below': Key(int, 'SparseLoCo: smaller tensors sent whole (0: none)', '>= 0'),
+          'aggregation': Key(str, 'SparseLoCo mean: contributors | workers')},
+    example=dict(sync_every=2), carrier='all-gather')

@@ -24,6 +24,7 @@ from loco import compress
 from loco import merge
 from loco import optim
 from loco import sync_plan
+from loco.algorithms.spec import AlgorithmSpec, Key
 from loco.engine import Algorithm, local_updates
 from loco.errors import ConfigError
 
@@ -87,3 +88,17 @@ def streaming_diloco(inner: optax.GradientTransformation, *, sync_every: int = 1
     sync_plan.check_schedule(sync_plan.sync_offsets(num_fragments, sync_every), sync_every,
                              policy.delay)
   return local_updates(inner, (link, optimizer), plan, merge=policy, mesh=mesh)
+
+
+STREAMING_DILOCO = AlgorithmSpec(
+    streaming_diloco,
+    keys={'num_fragments': Key(int, 'Streaming: P block fragments (None: one per block)', '>= 1'),
+          'layers_per_fragment': Key(int, 'Streaming: blocks per fragment, instead of P', '>= 1'),
+          'fragment_pattern': Key(str, 'Streaming: strided | sequential blocks per fragment'),
+          'non_block': Key(str, 'Streaming: embeddings/norm/head fragment: own | first'),
+          'overlap_steps': Key(int, 'Streaming: tau, steps from a sync to its merge', '>= 0'),
+          'merge_alpha': Key(float, 'Streaming: alpha, weight of local params in the merge',
+                             'in [0, 1]'),
+          'eager': Key(bool, 'Streaming: eager updates (arXiv 2502.12996)')},
+    # 2 fragments (embeddings and norms; the blocks): one syncs every 2 steps, tau 1.
+    example=dict(sync_every=4, num_fragments=1, overlap_steps=1), carrier='all-reduce')

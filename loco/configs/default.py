@@ -1,11 +1,14 @@
-"""The base config: every key loco reads, defined once, with a comment.
+"""The default config: every key loco reads, defined once, with a comment.
 
-Experiment files import this, override keys and return it. Keys set to a placeholder
-(None) mean "the default of the model preset / the algorithm's paper".
+Experiment files import it (`from loco.configs import default`), override keys and
+return it. Keys set to a placeholder (None) mean "the default of the model preset / the
+algorithm's paper".
 """
 
 from ml_collections import config_dict
 from ml_collections.config_dict import placeholder
+
+from loco import algorithms
 
 
 def get_config() -> config_dict.ConfigDict:
@@ -49,43 +52,26 @@ def get_config() -> config_dict.ConfigDict:
   c.data.read_threads = 2           # reader threads per worker for a TFDS source
 
   c.optimizer = config_dict.ConfigDict()  # the inner optimizer, shared by all algorithms
-  c.optimizer.lr = 3e-3             # peak AdamW learning rate
+  c.optimizer.name = placeholder(str)  # adamw | muon | sgd | signsgd (loco/optim.py);
+                                    # None: the algorithm's default (its spec's `inner`)
+  c.optimizer.lr = 3e-3             # peak learning rate
   c.optimizer.warmup_steps = 50     # linear warm-up steps
   c.optimizer.decay_steps = placeholder(int)  # cosine length after warm-up; None: the rest of the run
   c.optimizer.final_lr_frac = 0.1   # cosine ends at lr * final_lr_frac
-  c.optimizer.b1 = 0.9
-  c.optimizer.b2 = 0.95
+  c.optimizer.b1 = 0.9              # Adam b1; Muon's and SGD's momentum
+  c.optimizer.b2 = 0.95             # Adam b2 (Muon: its Adam fallback)
   c.optimizer.eps = 1e-8
   c.optimizer.weight_decay = 0.1    # decoupled weight decay on matrices
   c.optimizer.clip_norm = 1.0       # per-worker global-norm clipping; 0 disables
 
-  c.algorithm = config_dict.ConfigDict()  # name plus the algorithm's keys (None: paper default)
+  # The algorithm: its name, then every registered algorithm's keys (None: the factory's
+  # default). Each key's type, range and meaning is declared once, beside its factory
+  # (loco/algorithms/spec.py COMMON_KEYS, or the algorithm's spec); an algorithm takes only
+  # its own (`algorithms.keys_of`).
+  c.algorithm = config_dict.ConfigDict()
   c.algorithm.name = 'ddp'          # see loco/algorithms/__init__.py REGISTRY
-  c.algorithm.sync_every = placeholder(int)        # H: inner steps per round
-  c.algorithm.outer_optimizer = placeholder(str)   # sgd | nesterov | heavy_ball | adam
-  c.algorithm.outer_lr = placeholder(float)        # outer learning rate
-  c.algorithm.outer_momentum = placeholder(float)  # outer momentum (Adam: b1)
-  c.algorithm.transport_dtype = placeholder(str)   # float32 | bfloat16 | float16 on the wire
-  c.algorithm.topology = placeholder(str)          # gossip graph: ring | matching | ... (TOPOLOGIES)
-  c.algorithm.weights = placeholder(str)           # gossip weights: metropolis | uniform
-  c.algorithm.mix = placeholder(str)               # GASLoC gossips: models | deltas
-  c.algorithm.form = placeholder(str)              # GASLoC form: diloco_outer | proposed_points
-  c.algorithm.local_steps = placeholder(list)      # GASLoC: per-worker H_i <= sync_every
-  c.algorithm.gossip_step = placeholder(float)     # gossip step size in (0, 1]
-  c.algorithm.seed = placeholder(int)              # seed of an erdos_renyi gossip graph
-  c.algorithm.compression = placeholder(str)       # value codec: none | 2bit | int8 | int4 | e4m3 | e3m0
-  c.algorithm.error_decay = placeholder(float)     # SparseLoCo error-feedback decay beta
-  c.algorithm.topk = placeholder(int)              # SparseLoCo values kept per chunk (64 | 128)
-  c.algorithm.chunk_size = placeholder(int)        # SparseLoCo values per chunk (4096 = 64x64 tiles)
-  c.algorithm.dense_below = placeholder(int)       # SparseLoCo: smaller tensors sent whole (0: none)
-  c.algorithm.aggregation = placeholder(str)       # SparseLoCo mean: contributors | workers
-  c.algorithm.num_fragments = placeholder(int)     # Streaming: P block fragments (None: one per block)
-  c.algorithm.layers_per_fragment = placeholder(int)  # Streaming: blocks per fragment, instead of P
-  c.algorithm.fragment_pattern = placeholder(str)  # Streaming: strided | sequential blocks per fragment
-  c.algorithm.non_block = placeholder(str)         # Streaming: embeddings/norm/head fragment: own | first
-  c.algorithm.overlap_steps = placeholder(int)     # Streaming: tau, steps from a sync to its merge
-  c.algorithm.merge_alpha = placeholder(float)     # Streaming: alpha, weight of local params in the merge
-  c.algorithm.eager = placeholder(bool)            # Streaming: eager updates (arXiv 2502.12996)
+  for key, declared in algorithms.config_keys().items():
+    c.algorithm[key] = placeholder(declared.kind)
 
   # The simulated network (loco/network.py): set profile to get sim_seconds,
   # utilization and idle time; None fields take the profile's defaults.

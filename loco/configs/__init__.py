@@ -4,12 +4,13 @@
   configs.validate(config)
 
 `load` builds the locked ConfigDict that `python -m loco.main --config=FILE[:VARIANT]
---config.KEY=VALUE ...` trains; `validate` checks it against experiments/base.py, the
-schema: every key must be one of base.get_config()'s (a misspelled one, from the
+--config.KEY=VALUE ...` trains; `validate` checks it against loco/configs/default.py,
+the schema: every key must be one of default.get_config()'s (a misspelled one, from the
 command line or set inside a config file, is named with its nearest valid keys), every
 value must have its key's type (no silent coercion: 2.5 is not an integer, 1 is not
-True), and a number must satisfy its rule in `CONSTRAINTS`. Each mistake is one
-`ConfigError` sentence.
+True), and a number must satisfy its rule: `CONSTRAINTS` for the run's keys, the
+algorithm's spec for `algorithm.*` (`loco.algorithms.check`, which also refuses a key
+the chosen algorithm does not take). Each mistake is one `ConfigError` sentence.
 
 On the command line a value is read by its key's type: integers, numbers, `true` /
 `false`, strings as written, and lists (`network.speeds`, `network.churn`, the link
@@ -29,13 +30,15 @@ from typing import Any, Mapping, Sequence
 
 from ml_collections import config_dict
 
+from loco import ranges
 from loco.errors import ConfigError
 from loco.metrics import WANDB_MODES
 
-# Single-key rules on numbers, applied by `validate` to the whole config (a key left
-# None, "the preset's / the paper's default", is not checked). Rules between keys stay
+# Single-key rules on numbers (`loco.ranges`), applied by `validate` to the whole config
+# (a key left None, "the preset's / the paper's default", is not checked); the
+# algorithm's keys carry theirs in its spec. Rules between keys stay
 # where the keys meet: eval.every and checkpoint.every are multiples of log_every
-# (train.RunConfig), seq_len <= model.max_seq_len, topk <= chunk_size (loco.compress),
+# (experiment.RunConfig), seq_len <= model.max_seq_len, topk <= chunk_size (loco.compress),
 # slow_workers <= num_workers (loco.network).
 CONSTRAINTS = {
     'seed': 'in [0, 2**32)',
@@ -61,19 +64,6 @@ CONSTRAINTS = {
     'optimizer.eps': 'positive',
     'optimizer.weight_decay': '>= 0',
     'optimizer.clip_norm': '>= 0',
-    'algorithm.sync_every': '>= 1',
-    'algorithm.outer_lr': 'positive',
-    'algorithm.outer_momentum': 'in [0, 1)',
-    'algorithm.gossip_step': 'in (0, 1]',
-    'algorithm.seed': 'in [0, 2**32)',
-    'algorithm.error_decay': 'in [0, 1]',
-    'algorithm.topk': '>= 1',
-    'algorithm.chunk_size': '>= 1',
-    'algorithm.dense_below': '>= 0',
-    'algorithm.num_fragments': '>= 1',
-    'algorithm.layers_per_fragment': '>= 1',
-    'algorithm.overlap_steps': '>= 0',
-    'algorithm.merge_alpha': 'in [0, 1]',
     'network.step_seconds': 'positive',
     'network.device_flops': 'positive',
     'network.mfu': 'in (0, 1]',
@@ -96,16 +86,6 @@ CONSTRAINTS = {
     'mesh.fsdp': '>= 1',
 }
 
-_RULES = {
-    '>= 0': lambda x: x >= 0,
-    '>= 1': lambda x: x >= 1,
-    'positive': lambda x: x > 0,
-    'in [0, 1]': lambda x: 0 <= x <= 1,
-    'in [0, 1)': lambda x: 0 <= x < 1,
-    'in (0, 1]': lambda x: 0 < x <= 1,
-    'in [0, 2**32)': lambda x: 0 <= x < 2**32,   # seeds: JAX keys take 32 bits
-}
-
 _KINDS = {int: 'an integer', float: 'a number', bool: 'true or false', str: 'a string',
           list: 'a list'}
 _LIST_EXAMPLE = {'network.speeds': '[1, 2, 1, 1]', 'network.churn': '[[0, 10, 20]]',
@@ -118,8 +98,8 @@ _CONFIG_FLAG = re.compile(r'^--?config(=(.*))?$', re.DOTALL)
 
 @functools.cache
 def schema() -> dict[str, tuple[type, bool]]:
-  """Every key of experiments/base.py: dotted path -> (type, whether None is allowed)."""
-  from experiments import base
+  """Every key of loco/configs/default.py: dotted path -> (type, whether None is allowed)."""
+  from loco.configs import default   # imports the algorithms: their keys are its section
   out = {}
 
   def walk(c, prefix):
@@ -130,10 +110,16 @@ def schema() -> dict[str, tuple[type, bool]]:
       else:
         out[prefix + key] = (c.get_type(key), value is None)
 
-  walk(base.get_config(), '')
+  walk(default.get_config(), '')
   unknown = sorted(set(CONSTRAINTS) - set(out))
-  assert not unknown, f'CONSTRAINTS names keys that base.py lacks: {unknown}'
+  assert not unknown, f'CONSTRAINTS names keys that default.py lacks: {unknown}'
   return out
+
+
+def forget_schema() -> None:
+  """Drops the cached schema (after `algorithms.register` adds keys to its section)."""
+  schema.cache_clear()
+  _sections.cache_clear()
 
 
 @functools.cache
@@ -152,7 +138,7 @@ def _initials(name: str) -> str:
 
 
 def _unknown(key: str) -> ConfigError:
-  """The error for a key that experiments/base.py does not define, with the nearest ones."""
+  """The error for a key that loco/configs/default.py does not define, with the nearest ones."""
   parts = key.split('.')
   i = 0   # the first part that is not a valid section
   while i < len(parts) - 1 and '.'.join(parts[:i + 1]) in _sections():
@@ -377,7 +363,7 @@ def _run_config_file(spec: str) -> config_dict.ConfigDict:
     raise ConfigError(_raised(path, e)) from None
   if not isinstance(config, config_dict.ConfigDict):
     raise ConfigError(f'get_config() of {path} must return a ConfigDict (start from '
-                      f'experiments/base.py), got {type(config).__name__}.')
+                      f'loco.configs.default), got {type(config).__name__}.')
   return config
 
 
@@ -397,12 +383,14 @@ def _raised(path: str, e: Exception) -> str:
 
 
 def validate(config: config_dict.ConfigDict) -> None:
-  """Checks every key and value of `config` against experiments/base.py and CONSTRAINTS.
+  """Checks every key and value of `config` against loco/configs/default.py, its rules
+  (`CONSTRAINTS`) and the algorithm's spec.
 
   Raises:
     ConfigError: one sentence for the first unknown key (with the nearest valid ones),
-      missing key, value of the wrong type, number outside its rule, or W&B setting
-      that cannot work (an unknown metrics.wandb_mode, wandb not installed).
+      missing key, value of the wrong type, number outside its rule, algorithm key the
+      algorithm does not take, unknown inner optimizer, or W&B setting that cannot work
+      (an unknown metrics.wandb_mode, wandb not installed).
   """
   present = {}
 
@@ -425,12 +413,22 @@ def validate(config: config_dict.ConfigDict) -> None:
   for key in schema():
     if key not in present:
       raise ConfigError(f'config key {key} is missing; start the config from '
-                        'experiments/base.py, which defines every key.')
-    value, rule = present[key], CONSTRAINTS.get(key)
-    _check_type(key, value)
-    if value is not None and rule and not _RULES[rule](value):
-      raise ConfigError(f'{key} must be {rule}, got {value!r}.')
+                        'loco.configs.default, which defines every key.')
+    _check_type(key, present[key])
+    ranges.check(key, CONSTRAINTS.get(key), present[key])
+  _check_algorithm(present)
   _check_sinks(present)
+
+
+def _check_algorithm(present: Mapping[str, Any]) -> None:
+  """The algorithm's own keys and ranges (its spec), and the inner optimizer's name."""
+  from loco import algorithms
+  from loco import optim
+  prefix = 'algorithm.'
+  keys = {k[len(prefix):]: v for k, v in present.items()
+          if k.startswith(prefix) and k != 'algorithm.name' and v is not None}
+  algorithms.check(present['algorithm.name'], keys)
+  optim.check_name(present['optimizer.name'])
 
 
 def _check_sinks(present: Mapping[str, Any]) -> None:
