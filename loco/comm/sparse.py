@@ -84,6 +84,10 @@ def sparse_all_gather_mean(
     transport: str = 'auto', axis_name: str = WORKERS) -> optax.GradientTransformationExtraArgs:
   """All-gathers every worker's compressed message and averages the decoded values.
 
+  The average is taken in the codec's code domain, where the payloads live, and
+  decoded once after the sum (`Compressor.decode`: the identity for codecs in the
+  updates' space, the inverse DCT for DeMo's).
+
   Each alive worker encodes its updates with `compressor` and sends its message
   (indices, values, scales, codebooks) to every other worker; each worker decodes all
   messages and averages them per coordinate, in float32:
@@ -146,7 +150,8 @@ def sparse_all_gather_mean(
       if divide == 'workers' or m is None:
         count = alive_count
       means.append((summed / jnp.maximum(count, 1.0)).astype(x.dtype))
-    mean = jax.tree.unflatten(treedef, means)
+    # A basis-change codec's payloads were summed as coefficients: decode once, after.
+    mean = optax.tree.cast_like(compressor.decode(jax.tree.unflatten(treedef, means)), updates)
     sent = jnp.asarray(message.bits, jnp.float32) / 8.0 * weight
     received = comm_axis.psum(sent, axis_name) - sent
     events = jnp.where(alive, alive_count > 1, alive_count > 0)
@@ -199,12 +204,12 @@ def compressed_all_reduce_mean(
     message, inner = compressor.encode(updates, state.compressor, context=context)
     if message.mask is not None:   # e.g. error feedback around a sparsifier
       raise sparse_error
-    mean = worker_mean(message.decoded, alive.astype(jnp.float32), axis_name)
+    mean = compressor.decode(worker_mean(message.decoded, alive.astype(jnp.float32), axis_name))
     if requantize:
       # The shard owners re-encode the mean; every worker receives it, alive or not.
       shared = None if context is None else context._replace(alive=None)
       second, _ = compressor.encode(mean, compressor.init(mean), context=shared)
-      mean = second.decoded
+      mean = compressor.decode(second.decoded)
     mean = optax.tree.cast_like(mean, updates)
     size = jnp.asarray(message.bits, jnp.float32) / 8.0
     return mean, CompressedCommState(ring_all_reduce_state(alive, size, axis_name), inner)

@@ -49,7 +49,7 @@ def then(sparsifier: Compressor, quantizer: Compressor) -> Compressor:
                       coded.meta_bits, selection.capacity)
     return message, ComposedState(jnp.float32(message.bits), first, second)
 
-  return Compressor(init, encode, 'sparsifier')
+  return Compressor(init, encode, 'sparsifier', decode=sparsifier.decode)
 
 
 CODECS: dict[str, Callable[[], Compressor]] = {

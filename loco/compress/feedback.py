@@ -20,7 +20,8 @@ class ErrorFeedbackState(NamedTuple):
 def error_feedback(compressor: Compressor, beta: float = 0.95) -> Compressor:
   """Error feedback: compress the accumulated residual and keep what was not sent.
 
-  `e <- beta e + updates`; `sent = C(e)`; `e <- e - sent`; outputs `sent`. The
+  `e <- beta e + updates`; `sent = C(e)`; `e <- e - decode(sent)`; outputs `sent`
+  (in C's code domain; its `decode` is this compressor's). The
   residual is float32 whatever the updates' dtype. A worker that is not alive this
   tick (`context.alive` False) sends nothing and keeps all of e. With beta = 1 and an
   identity C this is the identity; SparseLoCo uses it instead of outer momentum.
@@ -36,7 +37,7 @@ def error_feedback(compressor: Compressor, beta: float = 0.95) -> Compressor:
 
   References:
     Seide et al. 2014 (1-bit SGD); Karimireddy et al., arXiv 1901.09847 (EF-SGD);
-    SparseLoCo, arXiv 2508.15706.
+    SparseLoCo, arXiv 2508.15706; DeMo, arXiv 2411.19870 (momentum as the residual).
   """
   if not isinstance(compressor, Compressor):
     raise ConfigError('error_feedback needs a loco.compress Compressor.')
@@ -59,7 +60,7 @@ def error_feedback(compressor: Compressor, beta: float = 0.95) -> Compressor:
     gate = alive.astype(jnp.float32)
     message = Message(sent, sent_mask, message.index_bits * gate,
                       message.value_bits * gate, message.meta_bits * gate, message.capacity)
-    return message, ErrorFeedbackState(jnp.float32(message.bits), optax.tree.sub(e, sent),
-                                       inner)
+    residual = optax.tree.sub(e, optax.tree.cast(compressor.decode(sent), jnp.float32))
+    return message, ErrorFeedbackState(jnp.float32(message.bits), residual, inner)
 
-  return Compressor(init, encode, 'stateful')
+  return Compressor(init, encode, 'stateful', decode=compressor.decode)

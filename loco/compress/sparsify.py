@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from loco.compress import chunking
-from loco.compress.base import Compressor, Message, PyTree, size, stateless_init, value_width
+from loco.compress.base import (Compressor, Message, PyTree, index_width, size, stateless_init,
+                                 value_width)
 from loco.errors import ConfigError
 
 
@@ -60,11 +61,6 @@ def _leafwise(treedef, outs) -> Selection:
                    tuple(size(o[0]) for o in outs))
 
 
-def _index_width(n: int) -> int:
-  """Bits to address one of `n` positions (0 for a single position)."""
-  return math.ceil(math.log2(n)) if n > 1 else 0
-
-
 def _scatter_rows(shape, idx_CxK: jax.Array, vals_CxK: jax.Array, fill) -> jax.Array:
   rows = jnp.arange(shape[0])[:, None]
   return jnp.full(shape, fill, vals_CxK.dtype).at[rows, idx_CxK].set(vals_CxK)
@@ -88,7 +84,7 @@ def _chunked_select(k: int, chunk_size: int, dense_below: int, scores_fn, index_
     x_CxL = chunking.to_chunks(x, ch)
     _, idx = jax.lax.top_k(scores_fn(x_CxL, key), kk)
     vals = jnp.take_along_axis(x_CxL, idx, axis=1)
-    bits = ch.num_chunks * kk * _index_width(ch.chunk_len) if index_bits else 0
+    bits = ch.num_chunks * kk * index_width(ch.chunk_len) if index_bits else 0
 
     def scatter(v):
       dense = _scatter_rows(x_CxL.shape, idx, v, 0)
@@ -164,7 +160,7 @@ def topk_global(density: float, scope: str = 'tensor') -> Compressor:
     _, idx = jax.lax.top_k(jnp.abs(flat_N), kk)
     scatter = lambda v: (jnp.zeros((n,), v.dtype).at[idx].set(v).reshape(x.shape),
                          jnp.zeros((n,), bool).at[idx].set(True).reshape(x.shape))
-    return flat_N[idx], kk * _index_width(n), scatter
+    return flat_N[idx], kk * index_width(n), scatter
 
   def select(updates, state, *, context=None):
     del context

@@ -1,0 +1,57 @@
+"""SPARTA and SPARTA-DiLoCo: a shared random share of the params averaged every step."""
+
+import optax
+
+from loco import optim
+from loco.algorithms.diloco import diloco
+from loco.comm.sparta import random_parameter_average
+from loco.engine import Algorithm, local_updates
+
+
+def sparta(inner: optax.GradientTransformation, *, fraction: float = 0.005,
+           transport_dtype: str = 'float32', mesh=None) -> Algorithm:
+  """SPARTA: each worker steps on its own gradient, then a random fraction p of every
+  tensor's coordinates (the same on all workers) is averaged across workers.
+
+  Args:
+    inner: the per-worker inner optimizer (AdamW).
+    fraction: p, the expected share of each tensor averaged per step (0.005).
+    transport_dtype: dtype of the averaged values on the wire.
+    mesh: optional device mesh with a "workers" axis.
+
+  Returns:
+    An `Algorithm`.
+
+  References:
+    SPARTA (sparse parameter averaging) as in EXO Gym's `SPARTAStrategy`.
+  """
+  link = random_parameter_average(fraction, dtype=transport_dtype)
+  return local_updates(optax.chain(inner, link), outer=None, sync_every=1, mesh=mesh)
+
+
+def sparta_diloco(inner: optax.GradientTransformation, *, fraction: float = 0.005,
+                  sync_every: int = 100, outer_optimizer: str = 'nesterov',
+                  outer_lr: float = 0.7, outer_momentum: float = 0.9,
+                  transport_dtype: str = 'float32', mesh=None) -> Algorithm:
+  """SPARTA inside DiLoCo: SPARTA's averaging every step, DiLoCo's outer step every H.
+
+  Args:
+    inner: the per-worker inner optimizer (AdamW).
+    fraction: p, SPARTA's expected share of each tensor averaged per step (0.005).
+    sync_every: H, inner steps per DiLoCo round (EXO Gym: 100).
+    outer_optimizer: DiLoCo's outer optimizer (see `optim.outer_optimizer`).
+    outer_lr: outer learning rate (0.7).
+    outer_momentum: outer momentum (0.9).
+    transport_dtype: dtype on the wire, for both links.
+    mesh: optional device mesh with a "workers" axis.
+
+  Returns:
+    An `Algorithm`.
+
+  References:
+    EXO Gym's `SPARTADiLoCoStrategy`; DiLoCo, arXiv 2311.08105.
+  """
+  link = random_parameter_average(fraction, dtype=transport_dtype)
+  return diloco(optax.chain(inner, link), sync_every=sync_every,
+                outer=optim.outer_optimizer(outer_optimizer, outer_lr, outer_momentum),
+                transport_dtype=transport_dtype, mesh=mesh)
