@@ -481,3 +481,31 @@ def flops_per_token(cfg: ModelConfig, seq_len: int) -> float:
 def weight_decay_mask(params: PyTree) -> PyTree:
   """An optax weight-decay mask: True for matrices, False for norm scales."""
   return jax.tree.map(lambda p: p.ndim >= 2, params)
+
+
+def muon_dimensions(params: PyTree) -> PyTree:
+  """How Muon sees each weight as matrices (optax's `MuonDimensionNumbers`), or None for
+  the leaves it leaves to Adam.
+
+  The fused qkv kernel (d, 3, h, k) is three (d, h k) matrices, q, k and v each
+  orthogonalized alone (the 3 is a batch axis); the attention output (h, k, d) is one
+  (h k, d) matrix; the MLP's matrices are themselves. The embedding and an untied head
+  (a lookup table and the logits' map, as Muon's authors keep them) and the norm scales
+  go to Adam, as does any other tensor of rank above 2.
+
+  References:
+    Jordan et al. 2024 (Muon: hidden matrices only); Therien et al., arXiv 2505.23725.
+  """
+  from optax.contrib import MuonDimensionNumbers as Dims   # optax imports JAX anyway
+
+  def rule(path, p):
+    names = {getattr(k, 'key', None) for k in path}
+    if p.ndim < 2 or names & {'embed', 'head'}:
+      return None
+    if 'qkv' in names and p.ndim == 4:
+      return Dims(reduction_axis=0, output_axis=(2, 3))
+    if 'out' in names and p.ndim == 3:
+      return Dims(reduction_axis=(0, 1), output_axis=2)
+    return Dims(0, 1) if p.ndim == 2 else None
+
+  return jax.tree_util.tree_map_with_path(rule, params)

@@ -6,10 +6,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import optax
-from optax import contrib  # noqa: F401  (optax.contrib.muon)
+from optax import contrib
 
 from loco.errors import ConfigError
-from loco.model import weight_decay_mask
+from loco.model import muon_dimensions, weight_decay_mask
 
 
 INNER_OPTIMIZERS = ('adamw', 'muon', 'sgd', 'signsgd')
@@ -55,8 +55,10 @@ def inner_optimizer(cfg: InnerConfig) -> optax.GradientTransformation:
   (`model.weight_decay_mask`: the DiLoCo / Chinchilla recipe).
 
   - adamw: AdamW (b1, b2, eps).
-  - muon: Muon on 2-D matrices (Nesterov momentum b1, Newton-Schulz orthogonalized);
-    the other leaves take its Adam fallback (b1, b2, eps), decayed by the same mask.
+  - muon: Muon on the model's hidden matrices (`model.muon_dimensions`: q, k, v, the
+    attention output, the MLP; Nesterov momentum b1, Newton-Schulz orthogonalized);
+    the other leaves (embedding, head, norms) take its Adam fallback (b1, b2, eps),
+    decayed by the same mask.
   - sgd: SGD with momentum b1 (0: plain).
   - signsgd: the sign of the gradient times the schedule (DeMo's update rule).
 
@@ -73,11 +75,11 @@ def inner_optimizer(cfg: InnerConfig) -> optax.GradientTransformation:
                        weight_decay=cfg.weight_decay, mask=weight_decay_mask)
   elif cfg.name == 'muon':
     # optax's Adam fallback decays every leaf it gets or none: it gets none here, and
-    # the fallback's matrices (>2-D attention tensors) are decayed after it.
+    # the fallback's matrices (the embedding, a head) are decayed after it.
     step = optax.chain(
         optax.contrib.muon(lr, beta=cfg.b1, eps=cfg.eps, weight_decay=cfg.weight_decay,
                            weight_decay_mask=weight_decay_mask, adam_b1=cfg.b1,
-                           adam_b2=cfg.b2),
+                           adam_b2=cfg.b2, muon_weight_dimension_numbers=muon_dimensions),
         _scheduled_decay(cfg.weight_decay, lr, _not_muon_matrix))
   elif cfg.name == 'sgd':
     momentum = [optax.trace(cfg.b1)] if cfg.b1 > 0 else []
@@ -89,7 +91,10 @@ def inner_optimizer(cfg: InnerConfig) -> optax.GradientTransformation:
 
 def _not_muon_matrix(params):
   """Leaves Muon leaves to its Adam fallback that the decay mask still decays."""
-  return jax.tree.map(lambda p: p.ndim > 2, params)
+  dims = jax.tree.leaves(muon_dimensions(params),
+                         is_leaf=lambda x: x is None or isinstance(x, contrib.MuonDimensionNumbers))
+  leaves, treedef = jax.tree.flatten(params)
+  return jax.tree.unflatten(treedef, [d is None and p.ndim >= 2 for d, p in zip(dims, leaves)])
 
 
 def _scheduled_decay(rate: float, lr: optax.Schedule, mask) -> optax.GradientTransformation:

@@ -177,8 +177,9 @@ def test_values_are_checked_without_coercion(overrides, message):
                                'outer_lr, outer_momentum, gossip_step, transport_dtype, seed, '
                                'local_steps.'),
     ({'algorithm.name': 'gossip'}, "algorithm.name must be one of ['a2cid2', 'adpsgd', "
-                                   "'ddp', 'diloco', 'dsgd', 'gasloc', 'local_sgd', 'noloco', "
-                                   "'sparseloco', 'streaming_diloco'], got 'gossip'."),
+                                   "'ddp', 'demo', 'diloco', 'dsgd', 'gasloc', 'local_sgd', "
+                                   "'muloco', 'noloco', 'sparseloco', 'sparta', "
+                                   "'sparta_diloco', 'streaming_diloco'], got 'gossip'."),
     ({'optimizer.name': 'lion'}, "optimizer.name must be one of adamw, muon, sgd, signsgd, "
                                  "got 'lion'."),
 ])

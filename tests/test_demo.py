@@ -72,6 +72,10 @@ def _sign_sgd():
   return optax.chain(optax.scale_by_sign(), optax.scale(-LR))
 
 
+def _demo():
+  return demo(_sign_sgd(), compression_decay=BETA, compression_topk=K, compression_chunk=CHUNK)
+
+
 def _run(alg, params, targets, steps):
   state = alg.init(params, M, jax.random.key(0))
   target = {n: jnp.stack([jnp.asarray(t[n], jnp.float32) for t in targets]) for n in params}
@@ -85,7 +89,7 @@ def _run(alg, params, targets, steps):
 
 def test_demo_matches_numpy_replay_of_the_paper():
   params, targets = _problem()
-  alg = demo(_sign_sgd(), compression_decay=BETA, topk=K, chunk=CHUNK)
+  alg = _demo()
   state, _ = _run(alg, params, targets, STEPS)
   expected = _replay(params, targets, STEPS)
   for i in range(M):
@@ -101,8 +105,7 @@ def test_demo_bytes_by_hand():
   """w (8, 12): six 4x4 tiles keep 3 coefficients each, 4 index bits + 32 value bits;
   b (8,): two 4-chunks keep 3 each, 2 index bits + 32: (18*36 + 6*34) / 8 = 106.5 B."""
   params, targets = _problem()
-  _, infos = _run(demo(_sign_sgd(), compression_decay=BETA, topk=K, chunk=CHUNK),
-                  params, targets, 2)
+  _, infos = _run(_demo(), params, targets, 2)
   payload = (18 * (4 + 32) + 6 * (2 + 32)) / 8
   for info in infos:
     np.testing.assert_allclose(info.bytes_sent, [payload] * M)
@@ -140,8 +143,8 @@ def test_dct_codec_decodes_after_the_sum():
     np.testing.assert_allclose(out['w'][i], expected, atol=1e-6)
 
 
-@pytest.mark.parametrize('kwargs, key', [({'k': 0}, 'algorithm.topk'),
-                                         ({'chunk': 0}, 'algorithm.chunk')])
+@pytest.mark.parametrize('kwargs, key', [({'k': 0}, 'algorithm.compression_topk'),
+                                         ({'chunk': 0}, 'algorithm.compression_chunk')])
 def test_dct_codec_rejects_bad_sizes(kwargs, key):
   with pytest.raises(ConfigError, match=key):
     dct_topk(**kwargs)

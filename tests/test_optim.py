@@ -104,3 +104,50 @@ def test_the_config_picks_the_inner_optimizer_or_the_algorithm_default(nano_conf
     assert experiment.build_algorithm(exp) is not None
   finally:
     del algorithms.REGISTRY['sign_ddp']
+
+
+def test_muon_sees_the_models_hidden_matrices_and_leaves_the_rest_to_adam():
+  """On the real model: q, k and v are orthogonalized each alone, the attention output
+  and the MLP as matrices; the embedding and the norm scales take the Adam update; the
+  embedding is still decayed (the model's mask), after the fallback."""
+  from loco import model as model_lib
+  cfg = model_lib.model_config('nano', vocab_size=64)
+  params = model_lib.init_params(cfg, jax.random.key(0))[1]
+  grads = jax.tree.map(lambda p: jax.random.normal(jax.random.key(p.size), p.shape), params)
+  inner = optim.inner_optimizer(_config('muon', clip_norm=0.0, weight_decay=0.0))
+  updates, _ = inner.update(grads, inner.init(params), params)
+  def newton_schulz(x):   # Muon's quintic iteration (five steps, Frobenius-scaled)
+    t = x.shape[0] > x.shape[1]
+    x = (x.T if t else x) / (np.linalg.norm(x) + 1e-8)
+    for _ in range(5):
+      a = x @ x.T
+      x = 3.4445 * x + (-4.7750 * a + 2.0315 * a @ a) @ x
+    return x.T if t else x
+
+  def muon_step(g):       # the first step: the momentum is the gradient, up to a scale
+    return -0.05 * np.sqrt(max(1.0, g.shape[1] / g.shape[0])) * newton_schulz(g)
+
+  block_g, block_u = grads['blocks'][0]['attn'], updates['blocks'][0]['attn']
+  d = block_g['qkv'].shape[0]
+  for j in range(3):      # q, k and v: each its own (d, h k) matrix
+    g = np.asarray(block_g['qkv'][:, j], np.float64).reshape(d, -1)
+    np.testing.assert_allclose(np.asarray(block_u['qkv'][:, j]).reshape(d, -1), muon_step(g),
+                               rtol=2e-3, atol=2e-5)
+  g = np.asarray(block_g['out'], np.float64)
+  g = g.reshape(-1, g.shape[-1])                                  # (h k, d)
+  np.testing.assert_allclose(np.asarray(block_u['out']).reshape(g.shape), muon_step(g),
+                             rtol=2e-3, atol=2e-5)
+  cfg_ = _config('muon')
+  adam = optax.adamw(cfg_.lr, b1=cfg_.b1, b2=cfg_.b2, eps=cfg_.eps, weight_decay=0.0,
+                     nesterov=True)
+  rest = {'embed': grads['embed'], 'final_norm': grads['final_norm']}
+  want, _ = adam.update(rest, adam.init(rest), rest)
+  np.testing.assert_allclose(updates['embed'], want['embed'], rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(updates['final_norm']['scale'], want['final_norm']['scale'],
+                             rtol=1e-5, atol=1e-7)
+  decayed = optim.inner_optimizer(_config('muon', clip_norm=0.0, weight_decay=0.1))
+  zero = jax.tree.map(jnp.zeros_like, params)
+  moved, _ = decayed.update(zero, decayed.init(params), params)
+  np.testing.assert_allclose(moved['embed'], -cfg_.lr * 0.1 * params['embed'], rtol=1e-5,
+                             atol=1e-8)
+  np.testing.assert_array_equal(moved['final_norm']['scale'], 0.0)

@@ -13,12 +13,15 @@ from typing import Any, Callable
 import optax
 
 from loco.algorithms.ddp import DDP
+from loco.algorithms.demo import DEMO
 from loco.algorithms.diloco import DILOCO, LOCAL_SGD
 from loco.algorithms.gasloc import GASLOC
 from loco.algorithms.gossip_baselines import A2CID2, ADPSGD, DSGD, NOLOCO
+from loco.algorithms.muloco import MULOCO
 from loco.algorithms.sparseloco import SPARSELOCO
 from loco.algorithms import spec as spec_lib
 from loco.algorithms.spec import AlgorithmSpec, Key
+from loco.algorithms.sparta import SPARTA, SPARTA_DILOCO
 from loco.algorithms.streaming import STREAMING_DILOCO
 from loco.engine import Algorithm
 from loco.errors import ConfigError
@@ -34,6 +37,10 @@ REGISTRY: dict[str, AlgorithmSpec] = {
     'a2cid2': A2CID2,
     'noloco': NOLOCO,
     'streaming_diloco': STREAMING_DILOCO,
+    'demo': DEMO,
+    'sparta': SPARTA,
+    'sparta_diloco': SPARTA_DILOCO,
+    'muloco': MULOCO,
 }
 
 

@@ -4,12 +4,13 @@ import optax
 
 from loco import comm
 from loco import compress
+from loco.algorithms.spec import AlgorithmSpec, Key
 from loco.compress.dct import dct_topk
 from loco.engine import Algorithm, local_updates
 
 
 def demo(inner: optax.GradientTransformation, *, compression_decay: float = 0.999,
-         topk: int = 32, chunk: int = 64, mesh=None) -> Algorithm:
+         compression_topk: int = 32, compression_chunk: int = 64, mesh=None) -> Algorithm:
   """DeMo: every step, share only the fast components of each worker's momentum.
 
   Per worker and step: `m <- beta m + g` (beta = `compression_decay`), `q = DCT^-1
@@ -25,8 +26,8 @@ def demo(inner: optax.GradientTransformation, *, compression_decay: float = 0.99
   Args:
     inner: the per-worker optimizer applied to the decoded average (sign-SGD).
     compression_decay: beta, the momentum's decay (DeMo: 0.999).
-    topk: DCT coefficients kept per tile (DeMo: 32).
-    chunk: the largest tile side (DeMo: 64, so 32 of 4096 per 64 x 64 tile).
+    compression_topk: DCT coefficients kept per tile (DeMo: 32).
+    compression_chunk: the largest tile side (DeMo: 64: 32 of 4096 per 64 x 64 tile).
     mesh: optional device mesh with a "workers" axis.
 
   Returns:
@@ -35,6 +36,16 @@ def demo(inner: optax.GradientTransformation, *, compression_decay: float = 0.99
   References:
     Peng, Quesnelle & Kingma, arXiv 2411.19870 (DeMo, Algorithm 1).
   """
-  codec = compress.error_feedback(dct_topk(topk, chunk), compression_decay)
+  codec = compress.error_feedback(dct_topk(compression_topk, compression_chunk),
+                                  compression_decay)
   link = comm.sparse_all_gather_mean(codec, divide='contributors')
-  return local_updates(optax.chain(link, inner), outer=None, sync_every=1, mesh=mesh)
+  return local_updates(optax.chain(link, inner), None, 1, mesh=mesh)
+
+
+DEMO = AlgorithmSpec(
+    demo,
+    keys={'compression_decay': Key(float, "DeMo: the momentum's decay beta", 'in [0, 1)'),
+          'compression_topk': Key(int, 'DeMo: DCT coefficients kept per tile', '>= 1'),
+          'compression_chunk': Key(int, 'DeMo: the largest DCT tile side', '>= 1')},
+    example=dict(compression_topk=4, compression_chunk=8), carrier='all-gather',
+    inner='signsgd')

@@ -3,6 +3,7 @@
 import optax
 
 from loco.algorithms.diloco import diloco
+from loco.algorithms.spec import AlgorithmSpec
 from loco.engine import Algorithm
 
 
@@ -36,3 +37,6 @@ def muloco(inner: optax.GradientTransformation, *, sync_every: int = 30,
   return diloco(inner, sync_every=sync_every, outer_optimizer=outer_optimizer,
                 outer_lr=outer_lr, outer_momentum=outer_momentum,
                 transport_dtype=transport_dtype, compression=compression, mesh=mesh)
+
+
+MULOCO = AlgorithmSpec(muloco, example=dict(sync_every=2), carrier='all-reduce', inner='muon')

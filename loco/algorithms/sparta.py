@@ -4,6 +4,7 @@ import optax
 
 from loco import optim
 from loco.algorithms.diloco import diloco
+from loco.algorithms.spec import AlgorithmSpec, Key
 from loco.comm.sparta import random_parameter_average
 from loco.engine import Algorithm, local_updates
 
@@ -26,7 +27,7 @@ def sparta(inner: optax.GradientTransformation, *, fraction: float = 0.005,
     SPARTA (sparse parameter averaging) as in EXO Gym's `SPARTAStrategy`.
   """
   link = random_parameter_average(fraction, dtype=transport_dtype)
-  return local_updates(optax.chain(inner, link), outer=None, sync_every=1, mesh=mesh)
+  return local_updates(optax.chain(inner, link), None, 1, mesh=mesh)
 
 
 def sparta_diloco(inner: optax.GradientTransformation, *, fraction: float = 0.005,
@@ -55,3 +56,10 @@ def sparta_diloco(inner: optax.GradientTransformation, *, fraction: float = 0.00
   return diloco(optax.chain(inner, link), sync_every=sync_every,
                 outer=optim.outer_optimizer(outer_optimizer, outer_lr, outer_momentum),
                 transport_dtype=transport_dtype, mesh=mesh)
+
+
+_FRACTION = {'fraction': Key(float, 'SPARTA: expected share of each tensor averaged per step',
+                             'in (0, 1]')}
+SPARTA = AlgorithmSpec(sparta, keys=_FRACTION, example=dict(fraction=0.1), carrier='all-reduce')
+SPARTA_DILOCO = AlgorithmSpec(sparta_diloco, keys=_FRACTION,
+                              example=dict(fraction=0.1, sync_every=2), carrier='all-reduce')

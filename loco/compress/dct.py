@@ -73,11 +73,11 @@ def dct_topk(k: int = 32, chunk: int = 64) -> Compressor:
     DeMo, arXiv 2411.19870 (Algorithm 1, the DCT-based extraction).
   """
   if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-    raise ConfigError(f'algorithm.topk must be an integer >= 1 (DCT coefficients kept per '
-                      f'tile), got {k!r}.')
+    raise ConfigError(f'algorithm.compression_topk must be an integer >= 1 (DCT coefficients '
+                      f'kept per tile), got {k!r}.')
   if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
-    raise ConfigError(f'algorithm.chunk must be an integer >= 1 (the largest DCT tile '
-                      f'side), got {chunk!r}.')
+    raise ConfigError(f'algorithm.compression_chunk must be an integer >= 1 (the largest DCT '
+                      f'tile side), got {chunk!r}.')
 
   def layout(x) -> chunking.Layout:
     return chunking.layout(np.shape(x), chunk)
