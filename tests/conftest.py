@@ -95,3 +95,62 @@ def data_dir(tmp_path_factory) -> str:
 def nano_config(small_corpus_glob, data_dir):
   from tests.nano import make_nano_config
   return make_nano_config(small_corpus_glob, data_dir)
+
+
+# The slow tier, rotated through the default run. `pytest` over the whole suite with no
+# -m runs the fast tier plus one share of the slow tests (tests/tiers.py packs them by
+# their measured times): the UTC day's number modulo the number of shares, so CI runs
+# every slow test once every few days and a failure names the share that reproduces it.
+# `-m slow` runs the whole tier, `-m "not slow"` none of it, `--slow-share=K/N` share K
+# of N, `--slow-share=none` none; a run of chosen files or tests gets the fast tier.
+_share_note: list[str] = []
+
+
+def pytest_addoption(parser):
+  parser.addoption('--slow-share', default='auto',
+                   help="the share of the slow tests a run without -m adds: 'auto' (the "
+                        "UTC day's), 'K/N' (share K of N) or 'none'")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+  slow = [item for item in items if item.get_closest_marker('slow')]
+  whole_suite = [os.path.normpath(a) for a in config.args] == config.getini('testpaths')
+  if config.option.markexpr:          # an explicit -m decides alone
+    return
+  if not whole_suite:                 # a run of chosen files or tests: the fast tier
+    config.hook.pytest_deselected(items=slow)
+    items[:] = [item for item in items if not item.get_closest_marker('slow')]
+    return
+  import datetime
+  from tests import tiers
+  choice = config.getoption('--slow-share')
+  seconds = tiers.measured()
+  shares = tiers.slow_shares([item.nodeid for item in slow], seconds)
+  if choice == 'none':
+    keep = set()
+  else:
+    if choice == 'auto':
+      k, n = datetime.datetime.now(datetime.timezone.utc).toordinal() % len(shares), len(shares)
+    else:
+      try:
+        k, n = (int(x) for x in choice.split('/'))
+      except ValueError:
+        raise pytest.UsageError(f"--slow-share takes 'auto', 'K/N' or 'none', got {choice!r}")
+      if n != len(shares) or not 0 <= k < n:
+        raise pytest.UsageError(f'--slow-share={choice}: the slow tier has {len(shares)} '
+                                f'shares, numbered 0 to {len(shares) - 1}')
+    keep = set(shares[k])
+    if slow:
+      _share_note.append(f'slow tier: share {k}/{n} ({len(keep)} of {len(slow)} slow tests; '
+                         f'again with --slow-share={k}/{n}, all with -m slow)')
+  deselected = [item for item in slow if item.nodeid not in keep]
+  if deselected:
+    config.hook.pytest_deselected(items=deselected)
+    dropped = {id(item) for item in deselected}
+    items[:] = [item for item in items if id(item) not in dropped]
+
+
+def pytest_terminal_summary(terminalreporter):
+  for line in _share_note:
+    terminalreporter.write_line(line)

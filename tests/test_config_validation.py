@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from loco import algorithms
 from loco import configs
 from loco.data import corpus
 from loco.errors import ConfigError, DataError
@@ -176,10 +177,8 @@ def test_values_are_checked_without_coercion(overrides, message):
                                'sync_every, topology, weights, mix, form, outer_optimizer, '
                                'outer_lr, outer_momentum, gossip_step, transport_dtype, seed, '
                                'local_steps.'),
-    ({'algorithm.name': 'gossip'}, "algorithm.name must be one of ['a2cid2', 'adpsgd', "
-                                   "'ddp', 'demo', 'diloco', 'dsgd', 'gasloc', 'local_sgd', "
-                                   "'muloco', 'noloco', 'sparseloco', 'sparta', "
-                                   "'sparta_diloco', 'streaming_diloco'], got 'gossip'."),
+    ({'algorithm.name': 'gossip'}, f"algorithm.name must be one of {sorted(algorithms.REGISTRY)}"
+                                   ", got 'gossip'."),
     ({'optimizer.name': 'lion'}, "optimizer.name must be one of adamw, muon, sgd, signsgd, "
                                  "got 'lion'."),
 ])
@@ -218,10 +217,10 @@ def test_cli_bad_values_stop_before_training(tmp_path, small_corpus_glob, data_d
 def test_every_number_has_a_rule():
   """A new numeric key in default.py needs a line in CONSTRAINTS (or a rule between keys);
   a numeric algorithm key, a rule in its `Key`."""
-  from loco import algorithms
   numeric = {k for k, (kind, _) in configs.schema().items()
              if kind in (int, float) and not k.startswith('algorithm.')}
-  between_keys = {'eval.every', 'checkpoint.every'}   # multiples of log_every (experiment.RunConfig)
+  # Multiples of log_every (experiment.RunConfig).
+  between_keys = {'eval.every', 'checkpoint.every'}
   assert numeric - set(configs.CONSTRAINTS) == between_keys
   assert not [k for k in configs.CONSTRAINTS if k.startswith('algorithm.')]
   unruled = [k for k, key in algorithms.config_keys().items()

@@ -1,0 +1,49 @@
+"""Runs the slow test tier and records each test's seconds in tests/slow_durations.json.
+
+  python scripts/slow_durations.py [PYTEST_ARGS...]
+
+tests/tiers.py packs the slow tests into shares of about SHARE_SECONDS by these
+times; the default run (`python -m pytest -q`) adds the UTC day's share. Re-run this
+after adding or changing slow tests (a test not measured yet is placed by its id's hash).
+Prints the tier's total and the shares it makes.
+"""
+
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+OUT = os.path.join(ROOT, 'tests', 'slow_durations.json')
+LINE = re.compile(r'^\s*([0-9.]+)s (setup|call|teardown)\s+(\S.*)$')
+
+
+def main(argv: list[str]) -> int:
+  cmd = [sys.executable, '-m', 'pytest', '-q', '-p', 'no:xdist', '-m', 'slow',
+         '--durations=0', '--durations-min=0', *argv]
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+  seconds: dict[str, float] = collections.defaultdict(float)
+  for line in proc.stdout.splitlines():
+    m = LINE.match(line)
+    if m:
+      seconds[m.group(3).strip()] += float(m.group(1))
+  print(proc.stdout.splitlines()[-1] if proc.stdout else proc.stderr[-2000:])
+  if proc.returncode != 0 or not seconds:
+    print('slow tier failed or recorded nothing; tests/slow_durations.json left as it was')
+    return 1
+  with open(OUT, 'w') as f:
+    json.dump({k: round(v, 1) for k, v in sorted(seconds.items())}, f, indent=1)
+    f.write('\n')
+  sys.path.insert(0, ROOT)
+  from tests import tiers
+  shares = tiers.slow_shares(list(seconds), seconds)
+  print(f'{len(seconds)} slow tests, {sum(seconds.values()) / 60:.1f} min in all; '
+        f'{len(shares)} shares: ' +
+        ', '.join(f'{sum(seconds[n] for n in s) / 60:.1f}' for s in shares) + ' min')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv[1:]))
