@@ -2,13 +2,14 @@
 
 The stable surface (everything else is internal and may move):
 
-  the contract      Algorithm, LocoState, StepContext, StepInfo, local_updates
+  the contract      Algorithm, LocoState, StepContext, StepInfo, local_updates, and its
+                    policies as values: the modules sync_plan and merge
   algorithms        REGISTRY, make_algorithm, register_algorithm, AlgorithmSpec; the
                     modules comm, compress, topology, optim
   the model         ModelConfig, model_config, init_params, loss_fn
   data              DataConfig, make_train_iterator, make_eval_windows
   runs              train (train.run(config, workdir)), evaluate_run, read_run
-  measurement       stats, study
+  measurement       stats, study, utilization (the compute-utilization model)
 
   import loco
   alg = loco.make_algorithm('diloco', inner, sync_every=50)
@@ -28,6 +29,8 @@ _EXPORTS = {
     'StepContext': ('loco.engine', 'StepContext'),
     'StepInfo': ('loco.engine', 'StepInfo'),
     'local_updates': ('loco.engine', 'local_updates'),
+    'sync_plan': ('loco.sync_plan', None),
+    'merge': ('loco.merge', None),
     'REGISTRY': ('loco.algorithms', 'REGISTRY'),
     'make_algorithm': ('loco.algorithms', 'make'),
     'register_algorithm': ('loco.algorithms', 'register'),
@@ -48,6 +51,7 @@ _EXPORTS = {
     'read_run': ('loco.runs', 'read_run'),
     'stats': ('loco.stats', None),
     'study': ('loco.study', None),
+    'utilization': ('loco.utilization', None),
 }
 __all__ = sorted(_EXPORTS)
 
