@@ -51,11 +51,17 @@ def test_muloco_matches_numpy_replay_of_diloco_with_muon():
   alg = muloco(contrib.muon(LR, beta=BETA), sync_every=H)
   state = alg.init({'w': w0}, M, jax.random.key(0))
   step = jax.jit(lambda s: alg.step(s, {'w': s.params['w'] - jnp.asarray(targets)}))
+  sent = []
   for _ in range(STEPS):
-    state, _ = step(state)
+    state, info = step(state)
+    sent.append(np.asarray(info.bytes_sent))
   expected = _replay(np.asarray(w0), targets)
   for i in range(M):
     np.testing.assert_allclose(state.params['w'][i], expected[i], atol=2e-5)
+  # Bytes by hand: every H-th step a ring all-reduce of the float32 (6, 10) pseudo-
+  # gradient, 2 (M - 1) / M * 240 = 240 bytes per worker for M = 2; nothing between.
+  want = [[240.0] * M if t % H == 0 else [0.0] * M for t in range(1, STEPS + 1)]
+  np.testing.assert_allclose(sent, want)
 
 
 def test_muon_steps_are_orthogonalized():
