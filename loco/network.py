@@ -239,14 +239,13 @@ def make_network(cfg: NetworkConfig, num_workers: int, step_seconds: float) -> N
 # Time of one communication.
 
 
-def ring_all_reduce_seconds(net: Network, members: Sequence[int],
-                            sent_per_worker: float) -> float:
-  """A ring all-reduce among `members` (in ring order) of which each sent this many bytes:
-  2 (m - 1) phases of one chunk over every ring link at once (the module docstring)."""
+def ring_all_reduce_seconds(net: Network, members: Sequence[int], size: float) -> float:
+  """A ring all-reduce of a `size`-byte tree among `members` (in ring order): 2 (m - 1)
+  phases of one `size / m` chunk over every ring link at once (the module docstring)."""
   phases = 2 * (len(members) - 1)
   if phases <= 0:
     return 0.0
-  return phases * _slowest_ring_hop(net, members, sent_per_worker / phases)
+  return phases * _slowest_ring_hop(net, members, size / len(members))
 
 
 def ring_all_gather_seconds(net: Network, members: Sequence[int], payload: float) -> float:
@@ -340,29 +339,40 @@ class Clock:
     self._deliver()          # what was started tau steps ago is needed now
     kind = np.asarray(wire.kind)
     sent = np.asarray(wire.sent, float)
+    payload = np.asarray(wire.payload, float)
     for collective in (_ALL_REDUCE, _ALL_GATHER):
-      # The ring is the workers that sent; an absent worker only downloads the result.
-      members = np.flatnonzero((kind == collective) & (sent > 0))
+      # The ring is the workers that sent; an absent one only downloads the result.
+      involved = kind == collective
+      members = np.flatnonzero(involved & (sent > 0))
       if members.size:
-        self._collective(collective, members, sent, np.asarray(wire.payload, float),
+        self._collective(collective, members, np.flatnonzero(involved & (sent == 0)), payload,
                          int(wire.overlap_steps or 0))
     gossiping = kind == _GOSSIP
     if gossiping.any():
       peers = np.asarray(wire.peers, bool)
       edges = (peers | peers.T) & gossiping[:, None] & gossiping[None, :]
-      self.now = gossip_finish(self.net, self.now, edges, np.asarray(wire.payload, float))
+      self.now = gossip_finish(self.net, self.now, edges, payload)
 
-  def _collective(self, collective, members, sent, payload, tau: int) -> None:
+  def _collective(self, collective, members, absent, payload, tau: int) -> None:
+    """Times one collective: the ring of `members` starts when its last member arrives;
+    each `absent` worker downloads the result (the reduced tree, or every member's
+    message) once it exists, over its fastest link from a member."""
     start = self.now[members].max()
     if collective == _ALL_REDUCE:
-      duration = ring_all_reduce_seconds(self.net, members, sent[members].max())
+      size = payload[members].max()
+      duration, download = ring_all_reduce_seconds(self.net, members, size), size
     else:
       duration = ring_all_gather_seconds(self.net, members, payload[members].max())
-    if tau > 0:
-      self.pending.append([tau, start + duration, members])
-    else:
-      # Workers left out of a blocking collective still receive its result.
-      self.now = np.maximum(self.now, start + duration)
+      download = payload[members].sum()
+    end = start + duration
+    arrivals = [(members, end)] + [
+        (np.array([a]), max(self.now[a], end) +
+         min(self.net.link_seconds(j, a, download) for j in members)) for a in absent]
+    for who, arrival in arrivals:
+      if tau > 0:
+        self.pending.append([tau, arrival, who])
+      else:
+        self.now[who] = np.maximum(self.now[who], arrival)
 
   def _deliver(self) -> None:
     for item in self.pending:

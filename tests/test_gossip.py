@@ -224,15 +224,19 @@ def test_a_pairwise_mixing_matrix_gathers_only_the_partner(alive):
 
 def test_absent_workers_download_what_they_adopt():
   """An absent worker sends nothing; where it adopts the result (the all-reduces) it
-  receives it: the reduced tree, or the alive workers' messages. Gossip's dead keep
-  their own value and receive nothing."""
+  receives it: the reduced tree, which the alive workers upload (each a third of it
+  here, so the bytes received are bytes sent), or the alive workers' messages.
+  Gossip's dead keep their own value and receive nothing."""
   m, size = 4, 10 * 4
   alive = np.array([True, False, True, True])
   transforms = [comm.all_reduce_mean(), comm.sparse_all_gather_mean(),
                 comm.gossip('complete', 'deltas')]
   (_, reduced), (_, gathered), (_, gossiped) = _run(transforms, _tree(m), alive=alive)
   ring = 2 * 2 / 3 * size
-  np.testing.assert_allclose(reduced.bytes_sent, [ring, 0, ring, ring], rtol=1e-6)
+  upload = size / 3
+  np.testing.assert_allclose(reduced.bytes_sent, [ring + upload, 0, ring + upload,
+                                                  ring + upload], rtol=1e-6)
+  assert float(np.sum(reduced.bytes_sent)) == pytest.approx(float(np.sum(reduced.bytes_received)))
   np.testing.assert_allclose(reduced.bytes_received, [ring, size, ring, ring], rtol=1e-6)
   np.testing.assert_allclose(gathered.comm.bytes_sent, [size, 0, size, size])
   np.testing.assert_allclose(gathered.comm.bytes_received, [2 * size, 3 * size, 2 * size,

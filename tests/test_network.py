@@ -9,6 +9,7 @@ import optax
 import pytest
 
 from loco import algorithms
+from loco import comm
 from loco import network as net_lib
 from loco import schedule as schedule_lib
 from loco import train
@@ -29,14 +30,52 @@ LAT = np.array([[0, 1, 1], [1, 0, 2], [1, 1, 0]], float)
 
 def test_ring_all_reduce_is_bound_by_its_slowest_link_and_pays_latency_per_hop():
   net = _net([1, 1, 1], BW, LAT)
-  sent = 2 * (3 - 1) / 3 * 600.0          # what all_reduce_mean reports for 600 bytes
-  # 4 phases of 200-byte chunks; ring 0->1->2->0: hops take 1+2, 2+20, 1+2 s.
-  assert net_lib.ring_all_reduce_seconds(net, [0, 1, 2], sent) == pytest.approx(4 * 22.0)
+  # A 600-byte tree: 4 phases of 200-byte chunks; ring 0->1->2->0: hops 1+2, 2+20, 1+2 s.
+  assert net_lib.ring_all_reduce_seconds(net, [0, 1, 2], 600.0) == pytest.approx(4 * 22.0)
   # Without the slow link (ring 0 -> 2 -> 1 -> 0: hops 1+2, 1+2, 1+2).
-  assert net_lib.ring_all_reduce_seconds(net, [0, 2, 1], sent) == pytest.approx(4 * 3.0)
+  assert net_lib.ring_all_reduce_seconds(net, [0, 2, 1], 600.0) == pytest.approx(4 * 3.0)
   # Two members: 2 phases of S/2, over the link 0 -> 2 and back.
   assert net_lib.ring_all_reduce_seconds(net, [0, 2], 300.0) == pytest.approx(2 * (1 + 1.5))
   assert net_lib.ring_all_reduce_seconds(net, [1], 300.0) == 0.0
+
+
+@pytest.mark.parametrize('slow', range(4))
+def test_a_ring_all_reduce_is_as_slow_as_its_slow_link_wherever_it_sits(slow):
+  """Four workers, one slow link (slow -> slow + 1, both ways), the wrap-around 3 -> 0
+  included: a 4000-byte tree is 6 phases of 1000-byte chunks, each bound by the slow
+  hop: 6 x (0.01 + 1000 / 1e5) = 0.12 s past the step, whichever rotation it is in."""
+  bandwidth = np.full((4, 4), 1e6)
+  nxt = (slow + 1) % 4
+  bandwidth[slow, nxt] = bandwidth[nxt, slow] = 1e5
+  net = _net([1.0] * 4, bandwidth, np.full((4, 4), 0.01))
+  clock = net_lib.Clock(net)
+  clock.step(_wire(1, sent=2 * 3 / 4 * 4000.0, payload=4000.0, m=4))
+  np.testing.assert_allclose(clock.now, 1.0 + 6 * (0.01 + 1000 / 1e5))
+  fast = net_lib.Clock(_net([1.0] * 4, np.full((4, 4), 1e6), np.full((4, 4), 0.01)))
+  fast.step(_wire(1, sent=2 * 3 / 4 * 4000.0, payload=4000.0, m=4))
+  np.testing.assert_allclose(fast.now, 1.0 + 6 * (0.01 + 1000 / 1e6))
+
+
+def test_a_dropped_worker_behind_the_slowest_link_downloads_the_result_after_the_ring():
+  """Worker 3 sits behind 1e4 B/s links and drops out of the round: the ring of 0, 1, 2
+  (fast links) reduces a 3000-byte tree in 4 phases of 1000 B, 4 x (0.01 + 1e-3) s after
+  the step; worker 3 then downloads the 3000-byte result over its fastest link, 0.01 +
+  0.3 s more. The others do not wait for it; every byte it receives was sent."""
+  bandwidth = np.full((4, 4), 1e6)
+  bandwidth[3, :] = bandwidth[:, 3] = 1e4
+  net = _net([1.0] * 4, bandwidth, np.full((4, 4), 0.01))
+  alive = jnp.array([True, True, True, False])
+  state = jax.vmap(lambda a: comm.ring_all_reduce_state(a, 3000.0),
+                   axis_name=comm.WORKERS)(alive)
+  sent, received = np.asarray(state.bytes_sent), np.asarray(state.bytes_received)
+  assert received[3] == 3000.0 and sent[3] == 0.0
+  assert sent.sum() == pytest.approx(received.sum())       # 3 x (2000 + 1000) = 3 x 2000 + 3000
+  clock = net_lib.Clock(net)
+  clock.step(net_lib.StepWire(active=np.ones(4, bool), kind=np.asarray(state.kind),
+                              sent=sent, payload=np.asarray(state.payload),
+                              peers=np.asarray(state.peers)))
+  ring = 1.0 + 4 * (0.01 + 1000 / 1e6)
+  np.testing.assert_allclose(clock.now, [ring, ring, ring, ring + 0.01 + 3000 / 1e4])
 
 
 def test_all_gather_and_gossip_times_by_hand():

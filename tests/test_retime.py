@@ -114,6 +114,26 @@ def test_another_network_changes_the_time_as_computed_by_hand(runs):
   assert not retime.is_current(workdir, {'network.profile': 'homogeneous'}, 'slow')
 
 
+def test_a_step_time_from_flops_is_the_formula_by_hand(runs):
+  """With no step_seconds the step takes FLOPs / (peak x MFU). The nano model (d 32, 2
+  layers of 2 heads of 16, d_ff 64, gelu, vocab V, tied head), 2 sequences of 32 tokens
+  per worker and step: matmul weights 2 (32 x 4 x 32 + 2 x 32 x 64) + 32 V, FLOPs per
+  token 6 x that + 12 x 2 x 2 x 16 x 32 (attention); on a 1e9 FLOP/s device at 50% and
+  a network too fast to see, 20 steps take 20 x 64 x FLOPs / 5e8 seconds."""
+  with open(os.path.join(runs['diloco'], 'config.json')) as f:
+    model = json.load(f)['model']
+  vocab = model['vocab_size']
+  flops = 6 * (2 * (32 * 4 * 32 + 2 * 32 * 64) + 32 * vocab) + 12 * 2 * 2 * 16 * 32
+  assert model['flops_per_token'] == flops
+  out = retime.retime(runs['diloco'], {'network.profile': 'homogeneous',
+                                       'network.device_flops': 1e9, 'network.mfu': 0.5,
+                                       'network.bandwidth': 1e18, 'network.latency': 0.0},
+                      'flops')
+  rows = read_metrics(out)
+  assert rows[-1]['sim_seconds'] == pytest.approx(20 * 64 * flops / 5e8, rel=1e-9)
+  assert rows[0]['sim_seconds'] == pytest.approx(5 * 64 * flops / 5e8, rel=1e-9)
+
+
 def test_the_command_line(runs):
   workdir = runs['ddp']
   proc = subprocess.run(

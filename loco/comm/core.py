@@ -129,8 +129,10 @@ def ring_all_reduce_state(alive: jax.Array, size, axis_name: str = WORKERS, *,
 
   Each of m participants sends and receives 2 (m - 1) / m * size bytes. A worker that
   is not alive sends nothing; with `absent_receive` (the all-reduces, whose absent
-  workers adopt the result) it downloads the result, `size` bytes from the
-  participants, which is one event of the collective; without, it takes no part.
+  workers adopt the result) it downloads the result, `size` bytes, which is one event
+  of the collective, and the participants upload it: each sends `size * a / m` more
+  for a absent workers, so every byte received is a byte sent. Without
+  `absent_receive` an absent worker takes no part.
 
   References:
     Patarasuk & Yuan 2009 (ring all-reduce bandwidth).
@@ -139,8 +141,11 @@ def ring_all_reduce_state(alive: jax.Array, size, axis_name: str = WORKERS, *,
   participants = comm_axis.psum(alive.astype(jnp.float32), axis_name)
   ring = 2.0 * (participants - 1.0) / jnp.maximum(participants, 1.0) * size
   download = ~alive & (participants > 0) if absent_receive else jnp.zeros((), bool)
-  events = (alive & (participants > 1)) | download
-  return CommState(jnp.where(alive, ring, 0.0), jnp.where(alive, ring, size * download),
+  downloads = comm_axis.psum(download.astype(jnp.float32), axis_name)
+  upload = size * downloads / jnp.maximum(participants, 1.0)
+  events = (alive & ((participants > 1) | (downloads > 0))) | download
+  return CommState(jnp.where(alive, ring + upload, 0.0),
+                   jnp.where(alive, ring, size * download),
                    events.astype(jnp.int32),
                    jnp.where(events, ALL_REDUCE, NO_COMM).astype(jnp.int32),
                    jnp.where(events, size, 0.0), alive_peers(alive, axis_name) & events)
