@@ -17,8 +17,10 @@ Time of one communication, from the bytes a step's `StepInfo` reports:
 
 `Clock` replays a synchronous run: compute advances each active worker by its step
 time, a blocking collective starts when its last participant arrives and every
-participant leaves at its end, and an overlapped one (Streaming DiLoCo's tau) only
-stalls the participants that reach its deadline before it is done.
+participant leaves at its end, a worker that dropped out of it but adopts its result
+downloads the result after it over its fastest link from a participant, and an
+overlapped collective (Streaming DiLoCo's tau) only stalls the workers that reach its
+deadline before it is done.
 """
 
 import dataclasses
