@@ -6,7 +6,9 @@ Command:
 Expected: about 15 minutes on 2 CPU cores (same data, model and steps as
 experiments/tiny_diloco.py, so they compare at equal tokens; DeMo's DCT and its
 all-gather run every step). Inner optimizer: sign-SGD (the spec's default; DeMo's code
-uses no weight decay by default, set here to 0). Eval loss: not yet measured here; the
+uses no weight decay by default, set here to 0). Each worker sends 296,896 bytes per step
+(measured by a 20-step run: the kept coefficients at 32 bits plus 12 index bits each;
+vectors keep 32 of each 64-chunk) and receives 7x that. Eval loss: not yet measured; the
 paper reports loss comparable to AdamW data parallel at up to 85x less data per GPU
 (arXiv 2411.19870).
 """

@@ -7,7 +7,9 @@ Command:
       --workdir=runs/tiny_sparta_diloco
 Expected: about 10 minutes on 2 CPU cores (same data, model and steps as
 experiments/tiny_diloco.py). The variant adds DiLoCo's outer step every H = 50 steps
-(EXO Gym's SPARTA-DiLoCo). Eval loss: not yet measured here.
+(EXO Gym's SPARTA-DiLoCo). Each worker sends about 112 KB per step (0.5% of the 3.2M
+weights at 4 bytes through a ring all-reduce of 8: 1.75 x 64 KB; a 20-step run measured
+2,246,783 bytes). Eval loss: not yet measured here.
 """
 
 from loco.configs import default
