@@ -29,9 +29,11 @@ def main(argv: list[str]) -> int:
     m = LINE.match(line)
     if m:
       seconds[m.group(3).strip()] += float(m.group(1))
-  print(proc.stdout.splitlines()[-1] if proc.stdout else proc.stderr[-2000:])
-  if proc.returncode != 0 or not seconds:
-    print('slow tier failed or recorded nothing; tests/slow_durations.json left as it was')
+  lines = proc.stdout.splitlines()
+  print('\n'.join(line for line in lines if line.startswith('FAILED')))
+  print(lines[-1] if lines else proc.stderr[-2000:])
+  if not seconds:
+    print('the slow tier recorded nothing; tests/slow_durations.json left as it was')
     return 1
   with open(OUT, 'w') as f:
     json.dump({k: round(v, 1) for k, v in sorted(seconds.items())}, f, indent=1)
@@ -42,7 +44,7 @@ def main(argv: list[str]) -> int:
   print(f'{len(seconds)} slow tests, {sum(seconds.values()) / 60:.1f} min in all; '
         f'{len(shares)} shares: ' +
         ', '.join(f'{sum(seconds[n] for n in s) / 60:.1f}' for s in shares) + ' min')
-  return 0
+  return 1 if proc.returncode else 0
 
 
 if __name__ == '__main__':
