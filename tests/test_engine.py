@@ -301,7 +301,9 @@ def test_dead_workers_are_left_out_and_adopt_the_mean():
   state, info = alg.step(state, grads, ctx)
   np.testing.assert_allclose(state.params['w'], -1.5)       # mean of the alive two
   size = 2 * 4
-  np.testing.assert_allclose(info.bytes_sent, [size, size, 0.0])   # 2(m-1)/m S, m=2
+  # 2(m-1)/m S with m = 2, plus half of the S bytes the absent worker downloads.
+  np.testing.assert_allclose(info.bytes_sent, [size + size / 2, size + size / 2, 0.0])
+  np.testing.assert_allclose(info.bytes_received, [size, size, size])
 
 
 def test_inactive_workers_do_not_step():
