@@ -131,9 +131,13 @@ GRAPHS = ('ring', 'exponential')
 def finals() -> list[Final]:
   out = [Final(m, m) for m in ('ddp', 'diloco_nesterov', 'diloco_sgd', 'streaming',
                                'sparseloco', 'gasloc', 'gasloc_pp')]
-  out += [Final(f'diloco_nesterov_drop{p}', 'diloco_nesterov',
-                {'network.profile': 'homogeneous', 'network.dropout': p / 100})
-          for p in (25, 50)]
+  # Dropout two ways: keep_local (the paper's dropped outer gradients: the worker keeps
+  # training from its own parameters and catches up at its next sync) and discard (it
+  # adopts the others' anchor; its round is lost).
+  out += [Final(f'diloco_nesterov_{name}{p}', 'diloco_nesterov',
+                {'network.profile': 'homogeneous', 'network.dropout': p / 100,
+                 'network.dropout_mode': mode})
+          for name, mode in (('keep', 'keep_local'), ('drop', 'discard')) for p in (25, 50)]
   out.append(Final('diloco_nesterov_e3m0', 'diloco_nesterov',
                    {'algorithm.compression': 'e3m0'}))
   # Each worker waits for a random peer instead of taking whoever is ready (the 'ready'
@@ -251,12 +255,15 @@ CLAIMS = (
           lambda _: [Test('diloco_nesterov', 'diloco_sgd')]),
     Claim(3, 'DiLoCo degrades gracefully when workers drop out (25 / 50%): at most the '
           'paper\'s +2.1% perplexity at 50%.', '2311.08105, Fig. 8',
-          'The paper drops outer gradients (the worker keeps training from its own '
-          'parameters); loco here discards the dropped worker\'s round (it adopts the '
-          f'anchor): not the same experiment until keep-local dropout lands; {HERE}.',
-          ('diloco_nesterov', 'diloco_nesterov_drop25', 'diloco_nesterov_drop50'),
-          lambda _: [Test('diloco_nesterov_drop25', 'diloco_nesterov', DROPOUT_50),
-                     Test('diloco_nesterov_drop50', 'diloco_nesterov', DROPOUT_50)]),
+          'The paper drops outer gradients: the worker keeps training from its own '
+          'parameters (keep_local, tested here: it rejoins at its next sync with its '
+          'pseudo-gradient against its own anchor and copies the current anchor and outer '
+          'momentum). Beside it, not tested, discard: the dropped worker adopts the anchor '
+          f'and its round is lost. {HERE}.',
+          ('diloco_nesterov', 'diloco_nesterov_keep25', 'diloco_nesterov_keep50',
+           'diloco_nesterov_drop25', 'diloco_nesterov_drop50'),
+          lambda _: [Test('diloco_nesterov_keep25', 'diloco_nesterov', DROPOUT_50),
+                     Test('diloco_nesterov_keep50', 'diloco_nesterov', DROPOUT_50)]),
     Claim(4, 'Streaming DiLoCo (P = 2 fragments, tau = 1) matches DiLoCo\'s loss with a '
           'lower peak bandwidth.', '2501.18512',
           f'The paper: M = 2, H = 100, P = layers / 3, 1B+ models; {HERE}, M = 8.',

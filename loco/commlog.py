@@ -40,7 +40,15 @@ def _row(step: int, wire: network_lib.StepWire) -> dict | None:
     row['overlap'] = int(wire.overlap_steps)
   if not active.all():
     row['active'] = active.astype(int).tolist()
+  if wire.received is not None and _catches_up(kind, wire.sent, wire.received):
+    row['received'] = [float(x) for x in np.asarray(wire.received)]
   return row
+
+
+def _catches_up(kind, sent, received) -> bool:
+  # Written only when a worker received more than a collective's symmetric share
+  # (a catch-up after keep-local dropout), to keep the log small otherwise.
+  return bool(np.any(np.asarray(received) > np.asarray(sent) + 0.5))
 
 
 def _wire(row: dict, num_workers: int) -> network_lib.StepWire:
@@ -51,7 +59,9 @@ def _wire(row: dict, num_workers: int) -> network_lib.StepWire:
   return network_lib.StepWire(active=active, kind=np.asarray(row['kind'], int),
                               sent=np.asarray(row['sent'], float),
                               payload=np.asarray(row['payload'], float), peers=peers,
-                              overlap_steps=int(row.get('overlap', 0)))
+                              overlap_steps=int(row.get('overlap', 0)),
+                              received=(np.asarray(row['received'], float)
+                                        if 'received' in row else None))
 
 
 class CommLog:

@@ -21,6 +21,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from loco import comm
@@ -46,12 +47,26 @@ class StepContext(NamedTuple):
       step this tick (the asynchronous replay: only the workers of this tick's
       exchanges); see `sync_plan.Schedule.syncing`.
     key: a PRNG key for this tick (random matchings, stochastic rounding).
+    keep: [M] bool, absent workers that keep their own state at a sync (keep-local
+      dropout, `network.dropout_mode='keep_local'`): an absent worker with `keep`
+      neither sends nor receives and keeps its params, inner state, anchor and outer
+      state; without it (None, or False) it downloads what the others agreed on and
+      adopts it (`'discard'`).
+    rejoin: [M] bool, workers whose anchor and outer state are stale because they kept
+      their own state at an earlier sync: at this tick's sync such a worker, if alive,
+      sends its pseudo-gradient against its own anchor like the others, then copies
+      the anchor, outer state and merge state of an up-to-date worker (the lowest-index
+      alive worker that is not rejoining), whose bytes are counted: the sender sends
+      them, the rejoining worker receives them. Read by algorithms whose anchors are
+      shared (`local_updates(..., shared_anchor=True)`).
   """
   active: jax.Array | None = None
   alive: jax.Array | None = None
   mixing: jax.Array | None = None
   sync: jax.Array | None = None
   key: jax.Array | None = None
+  keep: jax.Array | None = None
+  rejoin: jax.Array | None = None
 
 
 class StepInfo(NamedTuple):
@@ -126,11 +141,27 @@ class AsyncReplay(NamedTuple):
 
 
 class Algorithm(NamedTuple):
-  """An algorithm: `init(params, num_workers, key)` and `step(state, grads, ctx=None)`;
-  `replay` is set by algorithms that `network.mode='async'` can drive."""
+  """An algorithm: `init(params, num_workers, key)` and `step(state, grads, ctx=None)`.
+
+  Attributes:
+    init: `init(params, num_workers, key) -> LocoState`.
+    step: `step(state, grads, ctx=None) -> (state, StepInfo)`.
+    replay: set by algorithms that `network.mode='async'` can drive.
+    round_steps: inner steps per round, the algorithm's own declaration (H for the
+      local-update algorithms, 1 for per-step ones): dropout draws absent workers per
+      round, and local steps count within it.
+    keeps_local: whether a sync can leave absent workers with their own state
+      (`StepContext.keep`): False for merges that reach the params tau > 0 steps after
+      the sync (the delivery does not know who was absent).
+    local_steps: per-worker H_i when fixed (`with_local_steps`), for the clock; None:
+      every worker steps throughout its round.
+  """
   init: Callable[..., LocoState]
   step: Callable[..., tuple[LocoState, StepInfo]]
   replay: AsyncReplay | None = None
+  round_steps: int = 1
+  keeps_local: bool = True
+  local_steps: tuple[int, ...] | None = None
 
 
 def step_info(wire: comm.Wire, synced: jax.Array, **fields) -> StepInfo:
@@ -160,6 +191,7 @@ def local_updates(
     plan: int | sync_plan.SyncPlan,
     *,
     merge: merge_lib.Merge | None = None,
+    shared_anchor: bool = True,
     mesh: jax.sharding.Mesh | None = None,
 ) -> Algorithm:
   """The generic engine: inner steps every step, fragment syncs on a plan, merges.
@@ -187,11 +219,15 @@ def local_updates(
       (`merge.eager`); or None.
     plan: H, inner steps between two syncs of the whole model, or a `SyncPlan`.
     merge: a `merge.Merge` policy; None: `merge.delayed(0, 0.0)`, `params <- anchor`.
+    shared_anchor: whether the workers' anchors are one value (the all-reduce family),
+      so that a worker rejoining after keep-local dropout (`StepContext.rejoin`) copies
+      an up-to-date worker's anchor and outer state; False for gossip, whose anchors
+      are each worker's own.
     mesh: a mesh with a "workers" axis to shard the worker axis over, or None (vmap on
       one device).
 
   Returns:
-    An `Algorithm`. With a fragmented plan, its `StepInfo` carries `fragment` (the
+    An `Algorithm` (`round_steps` H). With a fragmented plan, its `StepInfo` carries `fragment` (the
     fragment synced this step, -1 for none) and `overlap_steps` (tau on a sync step).
 
   References:
@@ -232,22 +268,47 @@ def local_updates(
                      extra=extra, key=key)
 
   def sync_fragment(view, num_workers, mixing, key, params, anchor, outer_state,
-                    merge_state, active, alive, who):
-    """One worker's sync of a fragment (lists of its leaves), inside the worker map."""
-    context = comm.WorkerContext(active=active, alive=alive, mixing=mixing, key=key)
+                    merge_state, active, alive, adopt):
+    """One worker's outer step of a fragment (lists of its leaves), inside the worker
+    map, before the merge reaches the params; and what it put on the wire."""
+    context = comm.WorkerContext(active=active, alive=alive, mixing=mixing, key=key,
+                                 adopt=adopt)
     delta = [a - p.astype(jnp.float32) for a, p in zip(anchor, params)]
     new_params, new_anchor, new_outer, new_merge = merge.at_sync(
         outer, view(params), view(anchor), view(delta), outer_state,
         tuple(map(view, merge_state)), context=context, num_workers=num_workers)
-    if not merge.delay:     # the update arrives at the end of its own sync step
-      new_params = merge.on_arrival(new_params, new_anchor, new_merge)
     new = (jax.tree.leaves(new_params), jax.tree.leaves(new_anchor), new_outer,
            tuple(jax.tree.leaves(m) for m in new_merge))
-    wire = comm.wire_bytes(new_outer)
-    if who is not None:   # the asynchronous replay: only this tick's pairs sync
-      new = optax.tree.where(who, new, (params, anchor, outer_state, merge_state))
-      wire = wire.where(who)
-    return new, wire
+    return new, comm.wire_bytes(new_outer)
+
+  def catch_up(new, alive, rejoin):
+    """A rejoining worker copies the anchor, outer state (but its links' own state:
+    `comm.LINK_STATES`) and merge state that the lowest-index up-to-date alive worker
+    holds after the sync (inside the worker map)."""
+    params, *held = new
+    fresh = axis.all_gather(alive & ~rejoin)
+    source = jnp.argmax(fresh)
+    me = axis.axis_index()
+    take = rejoin & alive & jnp.any(fresh)
+    own = lambda x: isinstance(x, comm.LINK_STATES)   # each worker keeps its link's state
+    copied = jax.tree.map(lambda x: x if own(x) else _from_worker(x, me == source), held,
+                          is_leaf=own)
+    held = optax.tree.where(take, copied, held)
+    # What a real worker sends: the anchor and the optimizer's float arrays.
+    nbytes = jnp.float32(comm.tree_bytes([
+        x for x in jax.tree.leaves(jax.tree.map(lambda x: None if own(x) else x, held,
+                                                is_leaf=own))
+        if jnp.issubdtype(x.dtype, jnp.floating)]))
+    takers = axis.psum(take.astype(jnp.float32))
+    serves = (me == source) & (takers > 0)
+    wire = comm.Wire(sent=jnp.where(serves, nbytes * takers, 0.0),
+                     received=jnp.where(take, nbytes, 0.0),
+                     events=(serves | take).astype(jnp.int32),
+                     kind=jnp.where(serves | take, comm.ALL_REDUCE, comm.NO_COMM).astype(jnp.int32),
+                     payload=jnp.zeros((), jnp.float32),
+                     peers=jnp.where(serves, axis.all_gather(take), jax.nn.one_hot(
+                         source, axis.axis_size(), dtype=bool) & take))
+    return (params, *held), wire
 
   def step(state: LocoState, grads: PyTree,
            ctx: StepContext | None = None) -> tuple[LocoState, StepInfo]:
@@ -275,6 +336,16 @@ def local_updates(
 
     schedule = plan.schedule(params, merge.delay)
     syncing, who = schedule.syncing(s, ctx.sync)
+    adopt = jnp.ones((num_workers,), bool)
+    if ctx.keep is not None:      # keep-local dropout: absent workers keep their state
+      if merge.delay:
+        raise ConfigError('keep-local dropout needs a merge at the sync itself '
+                          '(overlap_steps=0); use dropout_mode discard.')
+      adopt = ~jnp.asarray(ctx.keep, bool)
+      kept = alive | adopt
+      who = kept if who is None else who & kept
+    rejoin = (None if ctx.rejoin is None or not shared_anchor
+              else jnp.asarray(ctx.rejoin, bool))
     p_leaves, treedef = jax.tree.flatten(params)
     a_leaves = jax.tree.leaves(state.anchor)
     m_leaves = [jax.tree.leaves(b) for b in state.extra]    # the merge state's trees
@@ -284,14 +355,28 @@ def local_updates(
       view = functools.partial(_view, treedef, members)
       pick = lambda leaves: [leaves[i] for i in members]
       sync = functools.partial(sync_fragment, view, num_workers, ctx.mixing, step_key)
+
+      def synced_fragment(ops, view=view, sync=sync):
+        new, wire = vmap(sync, 0)(*ops, active, alive, adopt)
+        if rejoin is not None:
+          new, caught = jax.lax.cond(
+              jnp.any(rejoin & alive), lambda n: vmap(catch_up, 0)(n, alive, rejoin),
+              lambda n: (n, no_wire), new)
+          wire = wire.merge(caught)
+        if not merge.delay:     # the update arrives at the end of its own sync step
+          p, a, o, m = new
+          new = (jax.tree.leaves(merge.on_arrival(view(p), view(a), tuple(map(view, m)))),
+                 a, o, m)
+        if who is not None:     # workers that sit this sync out keep their state
+          new, wire = vmap(lambda w, n, o, x: (optax.tree.where(w, n, o), x.where(w)), 0)(
+              who, new, ops, wire)
+        return new, wire
+
       operands = (pick(p_leaves), pick(a_leaves), outer_states[f], tuple(map(pick, m_leaves)))
       # One cond outside the worker map: a step without this fragment's sync skips it
       # for every worker (a cond inside the map on an [M] mask would be a select).
       (new_p, new_a, outer_states[f], new_m), outer_wire = jax.lax.cond(
-          syncing == f,
-          lambda ops: vmap(sync, (0, 0, 0, 0, 0, 0, None if who is None else 0))(
-              *ops, active, alive, who),
-          lambda ops: (ops, no_wire), operands)
+          syncing == f, synced_fragment, lambda ops: (ops, no_wire), operands)
       for leaves, values in zip([p_leaves, a_leaves, *m_leaves], [new_p, new_a, *new_m]):
         _put(leaves, members, values)
       wire = wire.merge(outer_wire)
@@ -312,4 +397,58 @@ def local_updates(
         fragment=syncing, overlap_steps=jnp.where(synced, merge.delay, 0).astype(jnp.int32))
     return new_state, step_info(wire, synced, **fields)
 
-  return Algorithm(init=init, step=step)
+  return Algorithm(init=init, step=step, round_steps=plan.sync_every,
+                   keeps_local=outer is None or not merge.delay)
+
+
+def with_local_steps(algorithm: Algorithm, local_steps: Sequence[int]) -> Algorithm:
+  """Per-worker local steps: worker i takes inner steps only in the first
+  `local_steps[i]` steps of each round (`algorithm.round_steps`) and then waits for
+  the round's sync (its params and inner state are kept; the clock charges the wait as
+  idle time, `Algorithm.local_steps`).
+
+  Args:
+    algorithm: an algorithm with rounds (`round_steps` > 1).
+    local_steps: H_i in [1, H], one per worker.
+
+  Returns:
+    The algorithm, its `active` mask narrowed to each worker's H_i.
+
+  References:
+    GASLoC, arXiv 2606.11081 (per-worker local steps).
+  """
+  h = algorithm.round_steps
+  budget = np.asarray(local_steps)
+  if h <= 1:
+    raise ConfigError('algorithm.local_steps needs an algorithm with rounds of several '
+                      'steps (sync_every > 1).')
+  if budget.ndim != 1 or not np.issubdtype(budget.dtype, np.integer) or not (
+      (budget >= 1) & (budget <= h)).all():
+    raise ConfigError(f'algorithm.local_steps must be integers in [1, sync_every={h}], '
+                      f'one per worker; got {list(local_steps)}.')
+
+  def check(num_workers: int) -> None:
+    if len(budget) != num_workers:
+      raise ConfigError(f'algorithm.local_steps has {len(budget)} entries for '
+                        f'num_workers={num_workers}.')
+
+  def init(params, num_workers, key):
+    check(num_workers)
+    return algorithm.init(params, num_workers, key)
+
+  def step(state, grads, ctx: StepContext | None = None):
+    check(axis.num_workers_of(state.params))
+    ctx = ctx or StepContext()
+    mine = jnp.asarray(budget) > state.step % h
+    active = mine if ctx.active is None else jnp.asarray(ctx.active, bool) & mine
+    return algorithm.step(state, grads, ctx._replace(active=active))
+
+  return algorithm._replace(init=init, step=step, local_steps=tuple(int(b) for b in budget))
+
+
+def _from_worker(x: jax.Array, mine: jax.Array) -> jax.Array:
+  """Inside the worker map: the value of `x` on the one worker where `mine` is True
+  (a sum with zeros elsewhere, exact; booleans travel as integers)."""
+  if x.dtype == jnp.bool_:
+    return axis.psum(jnp.where(mine, x, False).astype(jnp.int32)) > 0
+  return axis.psum(jnp.where(mine, x, jnp.zeros_like(x)))

@@ -15,7 +15,6 @@ from typing import Any, Callable, NoReturn
 import jax
 import numpy as np
 
-from loco import algorithms
 from loco import model as model_lib
 from loco import timeline as timeline_lib
 from loco.engine import Algorithm
@@ -49,11 +48,8 @@ def check_losses(losses_KxM: np.ndarray, first_step: int, best: float,
 def make_timeline(exp: Experiment, algorithm: Algorithm) -> timeline_lib.Timeline | None:
   """The run's simulated clock (None without a network config)."""
   r = exp.run
-  round_steps = algorithms.settings_of(exp.algorithm_name,
-                                       exp.algorithm_kwargs).get('sync_every') or 1
   return timeline_lib.make_timeline(
-      exp.network, num_workers=r.num_workers, steps=r.steps, round_steps=round_steps,
-      algorithm=algorithm, name=exp.algorithm_name,
+      exp.network, num_workers=r.num_workers, steps=r.steps, algorithm=algorithm, name=exp.algorithm_name,
       flops_per_token=model_lib.flops_per_token(exp.model, r.seq_len),
       tokens_per_step=r.batch_per_worker * r.seq_len,
       model_bytes=4 * model_lib.param_count(exp.model))

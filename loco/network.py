@@ -35,6 +35,7 @@ PROFILES = ('homogeneous', 'multi_region', 'lognormal', 'slow_links', 'straggler
 MODES = ('sync', 'async')
 LOCAL_WORK = ('steps', 'time')
 PEER_CHOICES = ('ready', 'sampled')
+DROPOUT_MODES = ('keep_local', 'discard')   # loco.schedule.SyncSchedule documents them
 
 GBIT = 1e9 / 8   # bytes/s in one Gbit/s
 
@@ -80,11 +81,12 @@ class NetworkConfig:
   straggler_factor: float = 1.0
   churn: tuple[tuple[int, int, int], ...] = ()
   dropout: float = 0.0
+  dropout_mode: str = 'keep_local'
   seed: int = 0
 
   def __post_init__(self):
     for key, allowed in (('mode', MODES), ('peer_choice', PEER_CHOICES),
-                         ('local_work', LOCAL_WORK)):
+                         ('local_work', LOCAL_WORK), ('dropout_mode', DROPOUT_MODES)):
       if getattr(self, key) not in allowed:
         raise ConfigError(f'network.{key} must be one of {allowed}, got {getattr(self, key)!r}.')
     for key in ('device_flops', 'mfu', 'bandwidth', 'inter_bandwidth', 'slow_factor',
@@ -290,7 +292,9 @@ class StepWire(NamedTuple):
   """One step of a run's communication log: what each worker put on the wire.
 
   The fields of `loco.engine.StepInfo` that the clock reads, as host arrays; all [M]
-  but `peers` ([M, M] bool). `kind` indexes `loco.comm.KINDS`.
+  but `peers` ([M, M] bool). `kind` indexes `loco.comm.KINDS`. `received` is read for
+  what a collective's member receives beyond its ring share (a worker catching up
+  after keep-local dropout); None: nothing beyond.
   """
   active: np.ndarray
   kind: np.ndarray
@@ -298,6 +302,7 @@ class StepWire(NamedTuple):
   payload: np.ndarray
   peers: np.ndarray
   overlap_steps: int = 0
+  received: np.ndarray | None = None
 
 
 # loco.comm.KINDS, by index (the clock does not import the comm transforms).
@@ -348,28 +353,41 @@ class Clock:
       members = np.flatnonzero(involved & (sent > 0))
       if members.size:
         self._collective(collective, members, np.flatnonzero(involved & (sent == 0)), payload,
-                         int(wire.overlap_steps or 0))
+                         int(wire.overlap_steps or 0), wire.received)
     gossiping = kind == _GOSSIP
     if gossiping.any():
       peers = np.asarray(wire.peers, bool)
       edges = (peers | peers.T) & gossiping[:, None] & gossiping[None, :]
       self.now = gossip_finish(self.net, self.now, edges, payload)
 
-  def _collective(self, collective, members, absent, payload, tau: int) -> None:
+  def _collective(self, collective, members, absent, payload, tau: int,
+                  received=None) -> None:
     """Times one collective: the ring of `members` starts when its last member arrives;
     each `absent` worker downloads the result (the reduced tree, or every member's
-    message) once it exists, over its fastest link from a member."""
+    message) once it exists, over its fastest link from a member; a member that
+    received more than its ring share (`received`: a worker catching up after
+    keep-local dropout) downloads the excess after the ring, over its fastest link
+    from another member."""
     start = self.now[members].max()
+    m = len(members)
     if collective == _ALL_REDUCE:
       size = payload[members].max()
       duration, download = ring_all_reduce_seconds(self.net, members, size), size
+      share = np.full(len(payload), 2.0 * (m - 1) / m * size)
     else:
       duration = ring_all_gather_seconds(self.net, members, payload[members].max())
       download = payload[members].sum()
+      share = download - payload           # every other member's message
     end = start + duration
     arrivals = [(members, end)] + [
         (np.array([a]), max(self.now[a], end) +
          min(self.net.link_seconds(j, a, download) for j in members)) for a in absent]
+    if received is not None and m > 1:
+      for a in members:
+        extra = float(received[a] - share[a])
+        if extra > 0.5:
+          arrivals.append((np.array([a]), end + min(
+              self.net.link_seconds(j, a, extra) for j in members if j != a)))
     for who, arrival in arrivals:
       if tau > 0:
         self.pending.append([tau, arrival, who])

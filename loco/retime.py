@@ -93,7 +93,7 @@ def retime(workdir: str, overrides: Mapping[str, Any], name: str | None = None) 
   if section['mode'] == 'async' or section['local_work'] or section['peer_choice']:
     raise ConfigError('network.mode, local_work and peer_choice belong to the asynchronous '
                       'mode, which cannot be re-timed.')
-  for key in ('dropout', 'churn'):      # facts of the run: in comms.jsonl, not the network
+  for key in ('dropout', 'churn', 'dropout_mode'):   # facts of the run, not the network
     if section[key] is None:
       section[key] = own.get(key)
     elif (section[key] or None) != (own.get(key) or None):

@@ -299,7 +299,7 @@ def read_metrics(workdir: str) -> Metrics:
 @dataclasses.dataclass(frozen=True)
 class Comms:
   """comms.jsonl, checked: M and {step: record} (kind, sent, payload, peers and, when
-  not the default, overlap and active), as `loco.commlog` wrote them."""
+  not the default, overlap, active and received), as `loco.commlog` wrote them."""
   num_workers: int
   records: dict[int, dict[str, Any]]
 
@@ -329,6 +329,11 @@ def _check_record(where: str, row: Any, m: int) -> None:
   if 'overlap' in row:
     need(_is_int(row['overlap']) and row['overlap'] >= 0,
          f'overlap is {row["overlap"]!r}, not a whole number >= 0')
+  if 'received' in row:
+    value = row['received']
+    need(isinstance(value, list) and len(value) == m and all(
+        _is_number(x) and math.isfinite(x) and x >= 0 for x in value),
+         f'received must be a list of {m} finite numbers >= 0')
 
 
 def read_comms(workdir: str, steps: Sequence[Mapping[str, Any]] | None = None) -> Comms:

@@ -5,9 +5,10 @@ The timing of events depends only on the network, never on parameter values (DES
 of `StepContext` arrays:
 
 - `SyncSchedule`: synchronous runs with workers that drop out of rounds at random
-  (their work is discarded; they adopt what the others agreed on) or leave and rejoin
-  (churn: absent workers neither step nor take part; back, they start from the current
-  anchor, which they adopted at every sync while away).
+  or leave and rejoin (churn: absent workers neither step nor take part). At a sync an
+  absent worker either keeps its own state and catches up at its next sync
+  ('keep_local', the DiLoCo paper's dropped outer gradients) or adopts what the others
+  agreed on, losing its round's work ('discard').
 - `simulate_async`: asynchronous pairwise gossip (GASLoC-style rounds). Each worker
   computes its local steps at its own speed; when it is done it exchanges with a
   ready peer (a neighbour in the topology, sampled at random), or waits for one; the
@@ -24,7 +25,7 @@ import heapq
 
 import numpy as np
 
-from loco.network import Network
+from loco.network import DROPOUT_MODES, Network
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,16 +35,24 @@ class SyncSchedule:
   Attributes:
     num_workers: M.
     round_steps: steps per round (the algorithm's H; 1 for DDP and per-step gossip):
-      a dropped-out worker is out for one whole round.
+      a dropped-out worker is out for one whole round, whose sync is its last step.
     dropout: probability that a worker drops out of a round (at least one stays).
     churn: (worker, leave_step, rejoin_step): absent for steps in [leave, rejoin).
     seed: seeds the dropout draws (one generator per round: resuming is exact).
+    dropout_mode: what an absent worker does at a sync (`DROPOUT_MODES`):
+      'keep_local' (the DiLoCo paper's dropped outer gradients, arXiv 2311.08105 Fig.
+      8): it sends nothing, receives nothing and keeps its params, inner state, anchor
+      and outer state; at its next sync it sends its pseudo-gradient against its own
+      (stale) anchor and then copies an up-to-date worker's anchor and outer state
+      (`StepContext.rejoin`). 'discard': it downloads what the others agreed on and
+      adopts it, so its round's local steps are lost.
   """
   num_workers: int
   round_steps: int = 1
   dropout: float = 0.0
   churn: tuple[tuple[int, int, int], ...] = ()
   seed: int = 0
+  dropout_mode: str = 'keep_local'
 
   @property
   def trivial(self) -> bool:
@@ -61,6 +70,27 @@ class SyncSchedule:
       for t, step in enumerate(steps):
         alive[t] &= self._round_alive(step // self.round_steps)
     return present, alive
+
+  def keep_rejoin(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """With 'keep_local': (keep, rejoin), each [count, M] bool (`StepContext`), for
+    steps start .. start + count - 1; None with 'discard'.
+
+    A worker is stale after a round whose sync (the round's last step) it missed, and
+    until the end of a round whose sync it is alive for; `rejoin` is alive and stale.
+    """
+    if self.dropout_mode == 'discard':
+      return None
+    h = self.round_steps
+    stale = np.zeros(self.num_workers, bool)
+    for end in range(h - 1, start, h):            # the syncs before `start`
+      stale = ~self.masks(end, 1)[1][0]
+    _, alive = self.masks(start, count)
+    rejoin = np.zeros_like(alive)
+    for t in range(count):
+      rejoin[t] = alive[t] & stale
+      if (start + t + 1) % h == 0:
+        stale = ~alive[t]
+    return np.ones_like(alive), rejoin
 
   def _round_alive(self, round_index: int) -> np.ndarray:
     rng = np.random.default_rng([self.seed, int(round_index)])

@@ -28,7 +28,8 @@ def wires(active_KxM: np.ndarray, info) -> list[network_lib.StepWire]:
       active=np.asarray(active_KxM[k], bool), kind=np.asarray(info.kind[k]),
       sent=np.asarray(info.bytes_sent[k], float), payload=np.asarray(info.payload[k], float),
       peers=np.asarray(info.peers[k], bool),
-      overlap_steps=0 if info.overlap_steps is None else int(np.asarray(info.overlap_steps)[k]))
+      overlap_steps=0 if info.overlap_steps is None else int(np.asarray(info.overlap_steps)[k]),
+      received=np.asarray(info.bytes_received[k], float))
       for k in range(len(active_KxM))]
 
 
@@ -40,7 +41,8 @@ class Timeline:
     net: the network built from it.
     num_workers: M.
     steps: inner steps per worker.
-    round_steps: steps per round, for dropout (a worker drops out of whole rounds).
+    round_steps: steps per round, for dropout (a worker drops out of whole rounds):
+      the algorithm's own `Algorithm.round_steps`.
     algorithm: the algorithm (its `replay`, for the asynchronous mode).
     name: the algorithm's name, for messages.
     model_bytes: bytes of one model at float32 (for the asynchronous exchanges).
@@ -68,9 +70,17 @@ class Timeline:
       raise ConfigError("network.local_work and network.peer_choice apply to "
                         "network.mode='async'.")
     self.num_ticks = steps
+    if (cfg.dropout or cfg.churn) and cfg.dropout_mode == 'keep_local' and not (
+        algorithm.keeps_local):
+      raise ConfigError(f"network.dropout_mode='keep_local' leaves an absent worker with "
+                        f"its own state, but algorithm {name!r} merges the outer step "
+                        f"tau > 0 steps after its sync; set network.dropout_mode="
+                        f"'discard' (or algorithm.overlap_steps=0).")
+    self.local_steps = (None if algorithm.local_steps is None
+                        else np.asarray(algorithm.local_steps))
     self.sync = schedule_lib.SyncSchedule(
         num_workers, round_steps=round_steps, dropout=cfg.dropout, churn=cfg.churn,
-        seed=cfg.seed)
+        seed=cfg.seed, dropout_mode=cfg.dropout_mode)
     self.clock = network_lib.Clock(net)
 
   def contexts(self, start: int, count: int) -> StepContext | None:
@@ -79,10 +89,15 @@ class Timeline:
       s, e = start, start + count
       return StepContext(active=self.schedule.active[s:e], sync=self.schedule.sync[s:e],
                          mixing=self.schedule.mixing[s:e])
-    if self.sync.trivial:
+    if self.sync.trivial and self.local_steps is None:
       return None
     active, alive = self.sync.masks(start, count)
-    return StepContext(active=active, alive=alive)
+    if self.local_steps is not None:     # worker i steps in the first H_i of a round
+      within = np.arange(start, start + count)[:, None] % self.sync.round_steps
+      active = active & (within < self.local_steps[None, :])
+    keep, rejoin = ((None, None) if self.sync.trivial
+                    else self.sync.keep_rejoin(start, count) or (None, None))
+    return StepContext(active=active, alive=alive, keep=keep, rejoin=rejoin)
 
   def active(self, start: int, count: int) -> np.ndarray:
     """[count, M] bool: workers that step at these ticks."""
@@ -120,13 +135,15 @@ def clock_metrics(seconds: float, own: np.ndarray, compute: np.ndarray) -> dict[
               idle_seconds=[round(float(t - c), 6) for t, c in zip(own, compute)])
 
 
-def make_timeline(cfg, *, num_workers: int, steps: int, round_steps: int,
-                  algorithm: Algorithm, name: str, flops_per_token: float,
-                  tokens_per_step: int, model_bytes: int) -> Timeline | None:
-  """The run's Timeline, or None without a network config."""
+def make_timeline(cfg, *, num_workers: int, steps: int, algorithm: Algorithm, name: str,
+                  flops_per_token: float, tokens_per_step: int,
+                  model_bytes: int) -> Timeline | None:
+  """The run's Timeline, or None without a network config; rounds are the algorithm's
+  declared `round_steps`."""
   if cfg is None:
     return None
   seconds = network_lib.nominal_step_seconds(cfg, flops_per_token, tokens_per_step)
   net = network_lib.make_network(cfg, num_workers, seconds)
-  return Timeline(cfg, net, num_workers=num_workers, steps=steps, round_steps=round_steps,
+  return Timeline(cfg, net, num_workers=num_workers, steps=steps,
+                  round_steps=algorithm.round_steps,
                   algorithm=algorithm, name=name, model_bytes=model_bytes)

@@ -75,7 +75,7 @@ def main(argv):
   alg, chunk, init, num_params = build(cfg)
   net_cfg = network.parse_network(NETWORK)
   tl = timeline.make_timeline(
-      net_cfg, num_workers=m, steps=_STEPS.value, round_steps=_H.value, algorithm=alg,
+      net_cfg, num_workers=m, steps=_STEPS.value, algorithm=alg,
       name='gasloc', flops_per_token=model.flops_per_token(cfg, _SEQ.value),
       tokens_per_step=_BATCH.value * _SEQ.value, model_bytes=4 * num_params)
   sched = tl.schedule

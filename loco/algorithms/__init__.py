@@ -23,6 +23,7 @@ from loco.algorithms import spec as spec_lib
 from loco.algorithms.spec import AlgorithmSpec, Key
 from loco.algorithms.sparta import SPARTA, SPARTA_DILOCO
 from loco.algorithms.streaming import STREAMING_DILOCO
+from loco import engine
 from loco.engine import Algorithm
 from loco.errors import ConfigError
 
@@ -101,6 +102,13 @@ def check(name: str, kwargs: dict[str, Any]) -> None:
 
 
 def make(name: str, inner: optax.GradientTransformation, *, mesh=None, **kwargs: Any) -> Algorithm:
-  """Builds the registered algorithm `name` with the given keys, checked (`check`)."""
+  """Builds the registered algorithm `name` with the given keys, checked (`check`);
+  the engine's keys (`spec.ENGINE_KEYS`) are applied to what the factory built."""
   check(name, kwargs)
-  return REGISTRY[name].factory(inner, mesh=mesh, **kwargs)
+  spec = REGISTRY[name]
+  engine_keys = {k: kwargs.pop(k) for k in list(kwargs)
+                 if k in spec_lib.ENGINE_KEYS and k not in spec.factory_keys()}
+  algorithm = spec.factory(inner, mesh=mesh, **kwargs)
+  if engine_keys.get('local_steps') is not None:
+    algorithm = engine.with_local_steps(algorithm, engine_keys['local_steps'])
+  return algorithm

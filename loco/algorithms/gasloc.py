@@ -1,6 +1,6 @@
 """GASLoC: decentralized DiLoCo, the all-reduce replaced by gossip over a graph."""
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -9,9 +9,8 @@ import optax
 from loco import comm
 from loco import optim
 from loco import topology as topology_lib
-from loco import axis
 from loco.algorithms.spec import AlgorithmSpec, Key
-from loco.engine import Algorithm, AsyncReplay, StepContext, local_updates
+from loco.engine import Algorithm, AsyncReplay, local_updates
 from loco.errors import ConfigError
 
 
@@ -60,7 +59,6 @@ def gasloc(inner: optax.GradientTransformation, *, sync_every: int = 500,
            form: str = 'diloco_outer', outer_optimizer: str = 'nesterov', outer_lr: float = 0.7,
            outer_momentum: float = 0.9, gossip_step: float = 1.0,
            transport_dtype: str = 'float32', seed: int = 0,
-           local_steps: Sequence[int] | None = None,
            outer: optax.GradientTransformation | None = None, mesh=None) -> Algorithm:
   """GASLoC: H local steps, gossip the local models, then a per-worker outer step.
 
@@ -102,9 +100,6 @@ def gasloc(inner: optax.GradientTransformation, *, sync_every: int = 500,
     gossip_step: gossip step size gamma in (0, 1].
     transport_dtype: dtype of what is sent over each edge.
     seed: seed of an 'erdos_renyi' graph.
-    local_steps: per-worker H_i <= H (one per worker): worker i takes inner steps only
-      in the first H_i steps of each round and waits for the sync after them (the
-      paper's per-worker local steps); None: every worker takes H.
     outer: an optax chain to use as the outer optimizer instead of the named one.
     mesh: optional device mesh with a "workers" axis.
 
@@ -132,45 +127,15 @@ def gasloc(inner: optax.GradientTransformation, *, sync_every: int = 500,
     mixer = comm.gossip(topology, mix, step_size=gossip_step, dtype=transport_dtype,
                         weights=weights, seed=seed)
     outer_chain = optax.chain(mixer, outer)
-  algorithm = local_updates(inner, outer_chain, sync_every, mesh=mesh)
-  if local_steps is not None:
-    algorithm = _with_local_steps(algorithm, local_steps, sync_every)
+  # Per-worker local steps (the paper's H_i) are the engine's `local_steps` key.
+  algorithm = local_updates(inner, outer_chain, sync_every, shared_anchor=False, mesh=mesh)
   peers = lambda m: topology_lib.resolve_topology(topology, m, weights=weights, seed=seed).adjacency
   return algorithm._replace(replay=AsyncReplay(sync_every, peers, transport_dtype))
-
-
-def _with_local_steps(algorithm: Algorithm, local_steps: Sequence[int],
-                      sync_every: int) -> Algorithm:
-  """Worker i is active only in the first `local_steps[i]` steps of each round."""
-  budget = np.asarray(local_steps)
-  if budget.ndim != 1 or not np.issubdtype(budget.dtype, np.integer) or not (
-      (budget >= 1) & (budget <= sync_every)).all():
-    raise ConfigError(f'algorithm.local_steps must be integers in [1, sync_every='
-                      f'{sync_every}], one per worker; got {list(local_steps)}.')
-
-  def check(num_workers: int) -> None:
-    if len(budget) != num_workers:
-      raise ConfigError(f'algorithm.local_steps has {len(budget)} entries for '
-                        f'num_workers={num_workers}.')
-
-  def init(params, num_workers, key):
-    check(num_workers)
-    return algorithm.init(params, num_workers, key)
-
-  def step(state, grads, ctx: StepContext | None = None):
-    check(axis.num_workers_of(state.params))
-    ctx = ctx or StepContext()
-    mine = jnp.asarray(budget) > state.step % sync_every
-    active = mine if ctx.active is None else jnp.asarray(ctx.active, bool) & mine
-    return algorithm.step(state, grads, ctx._replace(active=active))
-
-  return algorithm._replace(init=init, step=step)
 
 
 GASLOC = AlgorithmSpec(
     gasloc,
     keys={'mix': Key(str, 'GASLoC gossips: models | deltas'),
-          'form': Key(str, 'GASLoC form: diloco_outer | proposed_points'),
-          'local_steps': Key(list, 'GASLoC: per-worker H_i <= sync_every')},
+          'form': Key(str, 'GASLoC form: diloco_outer | proposed_points')},
     example=dict(sync_every=2, topology='ring'), variants={'matching': dict(topology='matching')},
     carrier='collective-permute')

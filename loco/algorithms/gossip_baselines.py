@@ -54,7 +54,7 @@ def dsgd(inner: optax.GradientTransformation, *, topology: str = 'ring',
   mixer = comm.gossip(topology, 'models', step_size=gossip_step, dtype=transport_dtype,
                       weights=weights, seed=seed)
   return local_updates(inner, optax.chain(mixer, optim.outer_optimizer('sgd', 1.0)),
-                       1, mesh=mesh)
+                       1, shared_anchor=False, mesh=mesh)
 
 
 def adpsgd(inner: optax.GradientTransformation, *, topology: str = 'exponential',
@@ -214,7 +214,8 @@ def noloco(inner: optax.GradientTransformation, *, sync_every: int = 50,
   """
   mixer = comm.gossip(topology, 'models', dtype=transport_dtype, seed=seed, pairwise=True)
   outer = optim.outer_optimizer('heavy_ball', outer_lr, outer_momentum)
-  algorithm = local_updates(inner, optax.chain(mixer, outer), sync_every, mesh=mesh)
+  algorithm = local_updates(inner, optax.chain(mixer, outer), sync_every,
+                            shared_anchor=False, mesh=mesh)
   peers = lambda m: topology_lib.resolve_topology(topology, m, seed=seed, pairwise=True).adjacency
   return algorithm._replace(replay=AsyncReplay(sync_every, peers, transport_dtype))
 

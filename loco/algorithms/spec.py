@@ -51,6 +51,15 @@ COMMON_KEYS = {
 }
 
 
+# Keys the engine adds to every algorithm (not factory arguments): `algorithms.make`
+# applies them to what the factory built.
+ENGINE_KEYS = {
+    'local_steps': Key(list, 'per-worker H_i in [1, H], one per worker: worker i steps '
+                             'only in the first H_i steps of each round, then waits '
+                             '(any algorithm with rounds)'),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class AlgorithmSpec:
   """A registry entry: the factory and the facts configs, tools and tests need about it.
@@ -76,19 +85,25 @@ class AlgorithmSpec:
   carrier: str | None = None
   inner: str = 'adamw'
 
-  def key_names(self) -> list[str]:
+  def factory_keys(self) -> list[str]:
     """The factory's keyword-only arguments that are config keys, in its order."""
     params = inspect.signature(self.factory).parameters
     return [k for k, p in params.items() if p.kind == p.KEYWORD_ONLY and k not in NOT_KEYS]
 
+  def key_names(self) -> list[str]:
+    """Its config keys: the factory's, then the engine's (`ENGINE_KEYS`)."""
+    own = self.factory_keys()
+    return own + [k for k in ENGINE_KEYS if k not in own]
+
   def defaults(self) -> dict[str, Any]:
     params = inspect.signature(self.factory).parameters
-    return {k: params[k].default for k in self.key_names()}
+    return {k: params[k].default if k in params else None for k in self.key_names()}
 
   def config_keys(self) -> dict[str, Key]:
-    """Its keys with their `Key` (own or common); undeclared ones are left out."""
-    return {k: self.keys.get(k, COMMON_KEYS.get(k)) for k in self.key_names()
-            if k in self.keys or k in COMMON_KEYS}
+    """Its keys with their `Key` (own, common or the engine's); undeclared ones are
+    left out."""
+    declared = {**ENGINE_KEYS, **COMMON_KEYS, **self.keys}
+    return {k: declared[k] for k in self.key_names() if k in declared}
 
   def examples(self, name: str) -> dict[str, dict[str, Any]]:
     """`{name: example, name_variant: example + variant, ...}` (empty without example)."""

@@ -16,4 +16,10 @@ from loco.comm.core import (ALL_GATHER, ALL_REDUCE, GOSSIP, KINDS, NO_COMM, Comm
 from loco.comm.gossip import GossipState, Mixed, gossip, mixing_step, round_key
 from loco.comm.sparse import (CompressedCommState, compressed_all_reduce_mean,
                               sparse_all_gather_mean)
+from loco.comm.sparta import SpartaState
 from loco.topology import is_all_reduce, pairwise_family, resolve_topology
+
+# The states of communication links: each worker's own (its wire record, error-feedback
+# residual, random key), never copied from another worker (a keep-local catch-up copies
+# the rest of the outer state).
+LINK_STATES = (CommState, CompressedCommState, GossipState, SpartaState)

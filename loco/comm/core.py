@@ -33,6 +33,8 @@ class WorkerContext(NamedTuple):
   alive: jax.Array | None = None    # bool scalar: this worker communicates this tick
   mixing: jax.Array | None = None   # [M, M] mixing matrix of this tick (shared)
   key: jax.Array | None = None      # PRNG key of this tick (shared by all workers)
+  adopt: jax.Array | None = None    # bool scalar: if absent, this worker downloads and
+                                    # adopts the result (False: keep-local dropout)
 
 
 # How a transform talked, for the network clock (loco/network.py reads only this).
@@ -109,6 +111,14 @@ def alive_of(context: WorkerContext | None) -> jax.Array:
   return jnp.asarray(context.alive, bool)
 
 
+def adopts(context: WorkerContext | None) -> jax.Array:
+  """Whether this worker, when absent, downloads the result (True unless the context
+  says it keeps its own state: keep-local dropout)."""
+  if context is None or context.adopt is None:
+    return jnp.ones((), bool)
+  return jnp.asarray(context.adopt, bool)
+
+
 def static_num_workers(axis_name: str = WORKERS) -> int | None:
   """The static number of workers M inside the per-worker map; None outside it."""
   try:
@@ -124,7 +134,7 @@ def alive_peers(alive: jax.Array, axis_name: str = WORKERS) -> jax.Array:
 
 
 def ring_all_reduce_state(alive: jax.Array, size, axis_name: str = WORKERS, *,
-                          absent_receive: bool = True) -> CommState:
+                          absent_receive: bool = True, adopt=True) -> CommState:
   """The wire of a ring all-reduce of `size` bytes among the alive workers.
 
   Each of m participants sends and receives 2 (m - 1) / m * size bytes. A worker that
@@ -132,7 +142,8 @@ def ring_all_reduce_state(alive: jax.Array, size, axis_name: str = WORKERS, *,
   workers adopt the result) it downloads the result, `size` bytes, which is one event
   of the collective, and the participants upload it: each sends `size * a / m` more
   for a absent workers, so every byte received is a byte sent. Without
-  `absent_receive` an absent worker takes no part.
+  `absent_receive` an absent worker takes no part, nor with `adopt` False (this worker
+  keeps its own state when absent: keep-local dropout).
 
   References:
     Patarasuk & Yuan 2009 (ring all-reduce bandwidth).
@@ -140,7 +151,8 @@ def ring_all_reduce_state(alive: jax.Array, size, axis_name: str = WORKERS, *,
   size = jnp.asarray(size, jnp.float32)
   participants = comm_axis.psum(alive.astype(jnp.float32), axis_name)
   ring = 2.0 * (participants - 1.0) / jnp.maximum(participants, 1.0) * size
-  download = ~alive & (participants > 0) if absent_receive else jnp.zeros((), bool)
+  download = (~alive & jnp.asarray(adopt, bool) & (participants > 0) if absent_receive
+              else jnp.zeros((), bool))
   downloads = comm_axis.psum(download.astype(jnp.float32), axis_name)
   upload = size * downloads / jnp.maximum(participants, 1.0)
   events = (alive & ((participants > 1) | (downloads > 0))) | download
@@ -203,7 +215,8 @@ def all_reduce_mean(dtype: str = 'float32',
     del state, params, extra
     alive = alive_of(context)
     mean = worker_mean(optax.tree.cast(updates, wire), alive.astype(jnp.float32), axis_name)
-    wire_state = ring_all_reduce_state(alive, tree_bytes(updates, wire), axis_name)
+    wire_state = ring_all_reduce_state(alive, tree_bytes(updates, wire), axis_name,
+                                       adopt=adopts(context))
     return optax.tree.cast_like(mean, updates), wire_state
 
   return optax.GradientTransformationExtraArgs(init, update)

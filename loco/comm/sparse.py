@@ -27,7 +27,7 @@ import optax
 
 from loco import compress
 from loco.comm.core import (ALL_GATHER, NO_COMM, WORKERS, CommState, WorkerContext,
-                            alive_of, alive_peers, empty_comm_state, ring_all_reduce_state,
+                            adopts, alive_of, alive_peers, empty_comm_state, ring_all_reduce_state,
                             worker_mean)
 from loco.errors import ConfigError
 from loco import axis as comm_axis
@@ -153,8 +153,10 @@ def sparse_all_gather_mean(
     # A basis-change codec's payloads were summed as coefficients: decode once, after.
     mean = optax.tree.cast_like(compressor.decode(jax.tree.unflatten(treedef, means)), updates)
     sent = jnp.asarray(message.bits, jnp.float32) / 8.0 * weight
-    received = comm_axis.psum(sent, axis_name) - sent
-    events = jnp.where(alive, alive_count > 1, alive_count > 0)
+    # An absent worker downloads every message unless it keeps its own state.
+    listens = alive | adopts(context)
+    received = jnp.where(listens, comm_axis.psum(sent, axis_name) - sent, 0.0)
+    events = jnp.where(alive, alive_count > 1, listens & (alive_count > 0))
     wire = CommState(sent, received, events.astype(jnp.int32),
                      jnp.where(events, ALL_GATHER, NO_COMM).astype(jnp.int32), sent,
                      alive_peers(alive, axis_name) & events)
@@ -212,6 +214,7 @@ def compressed_all_reduce_mean(
       mean = compressor.decode(second.decoded)
     mean = optax.tree.cast_like(mean, updates)
     size = jnp.asarray(message.bits, jnp.float32) / 8.0
-    return mean, CompressedCommState(ring_all_reduce_state(alive, size, axis_name), inner)
+    return mean, CompressedCommState(
+        ring_all_reduce_state(alive, size, axis_name, adopt=adopts(context)), inner)
 
   return optax.GradientTransformationExtraArgs(_init(compressor, axis_name), update)

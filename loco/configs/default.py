@@ -99,6 +99,7 @@ def get_config() -> config_dict.ConfigDict:
   c.network.straggler_factor = placeholder(float)    # ... this many times slower
   c.network.churn = placeholder(list)          # [[worker, leave_step, rejoin_step], ...]
   c.network.dropout = placeholder(float)       # probability a worker drops out of a round
+  c.network.dropout_mode = placeholder(str)    # keep_local (default: an absent worker keeps its state, catches up at its next sync; the DiLoCo paper's) | discard (it adopts the others' result, its round is lost)
   c.network.seed = placeholder(int)            # random links, stragglers, dropout, async peers
 
   c.eval = config_dict.ConfigDict()
