@@ -97,9 +97,10 @@ def read(workdir: str, steps=None) -> tuple[int, dict[int, network_lib.StepWire]
 
 
 def replay(net: network_lib.Network, log: dict[int, network_lib.StepWire],
-           until: int) -> Iterator[tuple[int, network_lib.Clock]]:
-  """Runs `network.Clock` over steps 1 .. until of a log; yields (step, clock)."""
-  clock = network_lib.Clock(net)
+           until: int, overlap: str = 'none') -> Iterator[tuple[int, network_lib.Clock]]:
+  """Runs `network.Clock` (its `overlap` model) over steps 1 .. until of a log; yields
+  (step, clock)."""
+  clock = network_lib.Clock(net, overlap=overlap)
   m = net.num_workers
   silent = network_lib.StepWire(active=np.ones(m, bool), kind=np.zeros(m, int),
                                 sent=np.zeros(m), payload=np.zeros(m),

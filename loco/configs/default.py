@@ -100,6 +100,9 @@ def get_config() -> config_dict.ConfigDict:
   c.network.churn = placeholder(list)          # [[worker, leave_step, rejoin_step], ...]
   c.network.dropout = placeholder(float)       # probability a worker drops out of a round
   c.network.seed = placeholder(int)            # random links, stragglers, dropout, async peers
+  c.network.overlap = placeholder(str)         # sync clock: none (a collective starts after the
+  #   step's compute) | backward (it overlaps the step's backward pass per layer, as
+  #   loco.utilization models it, arXiv 2501.18512 section 3.1; tau > 0 fragments as none)
 
   c.eval = config_dict.ConfigDict()
   c.eval.every = 100                # steps between evaluations (multiple of log_every)
