@@ -25,8 +25,9 @@ deadline before it is done.
 The clock's overlap model (`network.overlap`): 'none' starts a blocking collective after
 the step's compute; 'backward' overlaps it with the step's backward pass as
 `loco.utilization` models it (arXiv 2501.18512 section 3.1): the collective is cut into
-`utilization.BUCKETS` pieces released evenly through every participant's backward pass,
-each a ring of its own (so it pays the ring's latency again), and the collective ends
+`network.overlap_buckets` pieces (`utilization.BUCKETS` = 128 by default) released evenly
+through every participant's backward pass, each a ring of its own (so each pays the ring's
+latency: with 1 piece the model is 'none' again), and the collective ends
 when the last piece does (`utilization.backward_overlap_end`, the one formula both
 call). An overlapped collective (tau > 0) is timed as with 'none'.
 """
@@ -92,12 +93,15 @@ class NetworkConfig:
   dropout: float = 0.0
   seed: int = 0
   overlap: str = 'none'
+  overlap_buckets: int = utilization_lib.BUCKETS
 
   def __post_init__(self):
     for key, allowed in (('mode', MODES), ('peer_choice', PEER_CHOICES),
                          ('local_work', LOCAL_WORK), ('overlap', OVERLAPS)):
       if getattr(self, key) not in allowed:
         raise ConfigError(f'network.{key} must be one of {allowed}, got {getattr(self, key)!r}.')
+    if self.overlap_buckets < 1:
+      raise ConfigError(f'network.overlap_buckets must be >= 1, got {self.overlap_buckets}.')
     if self.overlap != 'none' and self.mode == 'async':
       raise ConfigError(f"network.overlap={self.overlap!r} applies to network.mode='sync' "
                         "(the asynchronous schedule times its own exchanges).")
@@ -150,6 +154,8 @@ def parse_network(section: dict[str, Any] | None) -> NetworkConfig | None:
   if profile == 'churn' and not values['churn']:
     raise ConfigError("network.profile='churn' needs network.churn: a list of "
                       '(worker, leave_step, rejoin_step).')
+  if 'overlap_buckets' in values and values.get('overlap', 'none') == 'none':
+    raise ConfigError("network.overlap_buckets is read only with network.overlap='backward'.")
   if profile == 'custom' and 'bandwidth_matrix' not in values:
     raise ConfigError("network.profile='custom' needs network.bandwidth_matrix.")
   return NetworkConfig(profile=profile, **values)
@@ -330,12 +336,14 @@ class Clock:
     compute: [M] each worker's seconds spent computing.
     pending: overlapped collectives in flight: [steps_left, arrival, members].
     overlap: the overlap model, one of OVERLAPS (the module docstring).
+    buckets: pieces a collective is cut into with overlap='backward'.
   """
   net: Network
   now: np.ndarray | None = None
   compute: np.ndarray | None = None
   pending: list = dataclasses.field(default_factory=list)
   overlap: str = 'none'
+  buckets: int = utilization_lib.BUCKETS
   # The step being timed: when each worker started it and its compute seconds.
   _began: np.ndarray | None = dataclasses.field(default=None, repr=False)
   _work: np.ndarray | None = dataclasses.field(default=None, repr=False)
@@ -343,6 +351,8 @@ class Clock:
   def __post_init__(self):
     if self.overlap not in OVERLAPS:
       raise ConfigError(f'network.overlap must be one of {OVERLAPS}, got {self.overlap!r}.')
+    if self.buckets < 1:
+      raise ConfigError(f'network.overlap_buckets must be >= 1, got {self.buckets}.')
     m = self.net.num_workers
     self.now = np.zeros(m) if self.now is None else np.asarray(self.now, float)
     self.compute = np.zeros(m) if self.compute is None else np.asarray(self.compute, float)
@@ -400,11 +410,11 @@ class Clock:
 
   def _overlap_end(self, collective, members, payload, tau: int, end: float) -> float:
     """When a collective of `members` ends under the overlap model: `end` (started
-    after the step) with 'none' or tau > 0; with 'backward', its BUCKETS pieces, each
+    after the step) with 'none' or tau > 0; with 'backward', its `buckets` pieces, each
     a ring of its own, released through the members' backward pass of this step."""
     if self.overlap == 'none' or tau > 0:
       return end
-    buckets = utilization_lib.BUCKETS
+    buckets = self.buckets
     if collective == _ALL_REDUCE:
       piece = ring_all_reduce_seconds(self.net, members, payload[members].max() / buckets)
     else:

@@ -12,7 +12,8 @@ and writes, beside the run:
                                      idle_seconds of the new network at each row's step
 
 which `loco.report` reads like a run (NAME: the profile unless given; PROFILE+OVERLAP
-with a network.overlap other than 'none'). `--network.overlap=backward` times each
+with a network.overlap other than 'none', then ',buckets=K' with network.overlap_buckets
+other than 128). `--network.overlap=backward` times each
 step's collective overlapped with the step's backward pass, as loco.utilization models
 it (arXiv 2501.18512 section 3.1; network.overlap in loco/configs/default.py). Dropout
 and churn decided which work the run did (comms.jsonl records it), so they stay the
@@ -32,6 +33,7 @@ from loco import configs
 from loco import network as network_lib
 from loco import runs
 from loco import timeline as timeline_lib
+from loco import utilization as utilization_lib
 from loco import workdir as workdir_lib
 from loco.errors import ConfigError, RunFileError, UsageError, WorkdirError
 from loco.metrics import write_jsonl
@@ -63,7 +65,10 @@ def check_name(name: Any) -> None:
 def default_name(cfg: network_lib.NetworkConfig) -> str:
   """A re-timing's directory name when none is given: the profile, and the overlap
   model unless it is 'none' (so re-timings with and without it sit side by side)."""
-  return cfg.profile if cfg.overlap == 'none' else f'{cfg.profile}+{cfg.overlap}'
+  if cfg.overlap == 'none':
+    return cfg.profile
+  name = f'{cfg.profile}+{cfg.overlap}'
+  return name if cfg.overlap_buckets == utilization_lib.BUCKETS else f'{name},buckets={cfg.overlap_buckets}'
 
 
 def _need(stored: dict[str, Any], path: str, workdir: str) -> Any:
@@ -135,7 +140,8 @@ def retime(workdir: str, overrides: Mapping[str, Any], name: str | None = None) 
   net = network_lib.make_network(cfg, num_workers, seconds)
   steps = {r['step'] for r in rows}
   clocks = {step: timeline_lib.clock_metrics(clock.seconds, clock.now, clock.compute)
-            for step, clock in commlog.replay(net, log, max(steps), cfg.overlap)
+            for step, clock in commlog.replay(net, log, max(steps), cfg.overlap,
+                                               cfg.overlap_buckets)
             if step in steps}
   retimed = [{**r, **clocks[r['step']]} for r in rows]
   record = dict(stored, config={**run, 'network': section}, retimed_from=dict(

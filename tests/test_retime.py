@@ -194,6 +194,11 @@ def test_the_overlap_model_hides_communication_behind_the_backward_pass(runs, tm
       "network.overlap must be one of ('none', 'backward'), got 'forward'.")
   assert _error(capsys, workdir, '--network.profile=homogeneous',
                 '--network.overlap=1').startswith('network.overlap must be one of')
+  assert _error(capsys, workdir, '--network.profile=homogeneous', '--network.overlap=backward',
+                '--network.overlap_buckets=0').startswith('network.overlap_buckets must be')
+  assert _error(capsys, workdir, '--network.profile=homogeneous',
+                '--network.overlap_buckets=8') == (
+      "network.overlap_buckets is read only with network.overlap='backward'.")
   assert not os.path.exists(os.path.join(workdir, 'retimed'))
 
 

@@ -103,6 +103,8 @@ def get_config() -> config_dict.ConfigDict:
   c.network.overlap = placeholder(str)         # sync clock: none (a collective starts after the
   #   step's compute) | backward (it overlaps the step's backward pass per layer, as
   #   loco.utilization models it, arXiv 2501.18512 section 3.1; tau > 0 fragments as none)
+  c.network.overlap_buckets = placeholder(int)  # backward: pieces a collective is cut into,
+  #   each paying the ring's latency (128, loco.utilization's K; 1: as none)
 
   c.eval = config_dict.ConfigDict()
   c.eval.every = 100                # steps between evaluations (multiple of log_every)
