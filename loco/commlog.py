@@ -22,6 +22,7 @@ import numpy as np
 
 from loco import network as network_lib
 from loco import runs
+from loco import utilization as utilization_lib
 from loco.metrics import append_jsonl, write_jsonl
 
 FILE = runs.COMMS    # kept for callers of loco.commlog.FILE
@@ -107,9 +108,12 @@ def read(workdir: str, steps=None) -> tuple[int, dict[int, network_lib.StepWire]
 
 
 def replay(net: network_lib.Network, log: dict[int, network_lib.StepWire],
-           until: int) -> Iterator[tuple[int, network_lib.Clock]]:
-  """Runs `network.Clock` over steps 1 .. until of a log; yields (step, clock)."""
-  clock = network_lib.Clock(net)
+           until: int, overlap: str = 'none',
+           buckets: int = utilization_lib.BUCKETS
+           ) -> Iterator[tuple[int, network_lib.Clock]]:
+  """Runs `network.Clock` (its `overlap` model, `buckets` pieces) over steps 1 .. until
+  of a log; yields (step, clock)."""
+  clock = network_lib.Clock(net, overlap=overlap, buckets=buckets)
   m = net.num_workers
   silent = network_lib.StepWire(active=np.ones(m, bool), kind=np.zeros(m, int),
                                 sent=np.zeros(m), payload=np.zeros(m),

@@ -21,6 +21,15 @@ participant leaves at its end, a worker that dropped out of it but adopts its re
 downloads the result after it over its fastest link from a participant, and an
 overlapped collective (Streaming DiLoCo's tau) only stalls the workers that reach its
 deadline before it is done.
+
+The clock's overlap model (`network.overlap`): 'none' starts a blocking collective after
+the step's compute; 'backward' overlaps it with the step's backward pass as
+`loco.utilization` models it (arXiv 2501.18512 section 3.1): the collective is cut into
+`network.overlap_buckets` pieces (`utilization.BUCKETS` = 128 by default) released evenly
+through every participant's backward pass, each a ring of its own (so each pays the ring's
+latency: with 1 piece the model is 'none' again), and the collective ends
+when the last piece does (`utilization.backward_overlap_end`, the one formula both
+call). An overlapped collective (tau > 0) is timed as with 'none'.
 """
 
 import dataclasses
@@ -28,6 +37,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
+from loco import utilization as utilization_lib
 from loco.errors import ConfigError
 
 PROFILES = ('homogeneous', 'multi_region', 'lognormal', 'slow_links', 'stragglers',
@@ -36,6 +46,7 @@ MODES = ('sync', 'async')
 LOCAL_WORK = ('steps', 'time')
 PEER_CHOICES = ('ready', 'sampled')
 DROPOUT_MODES = ('keep_local', 'discard')   # loco.schedule.SyncSchedule documents them
+OVERLAPS = ('none', 'backward')
 
 GBIT = 1e9 / 8   # bytes/s in one Gbit/s
 
@@ -83,12 +94,20 @@ class NetworkConfig:
   dropout: float = 0.0
   dropout_mode: str = 'keep_local'
   seed: int = 0
+  overlap: str = 'none'
+  overlap_buckets: int = utilization_lib.BUCKETS
 
   def __post_init__(self):
     for key, allowed in (('mode', MODES), ('peer_choice', PEER_CHOICES),
-                         ('local_work', LOCAL_WORK), ('dropout_mode', DROPOUT_MODES)):
+                         ('local_work', LOCAL_WORK), ('dropout_mode', DROPOUT_MODES),
+                         ('overlap', OVERLAPS)):
       if getattr(self, key) not in allowed:
         raise ConfigError(f'network.{key} must be one of {allowed}, got {getattr(self, key)!r}.')
+    if self.overlap_buckets < 1:
+      raise ConfigError(f'network.overlap_buckets must be >= 1, got {self.overlap_buckets}.')
+    if self.overlap != 'none' and self.mode == 'async':
+      raise ConfigError(f"network.overlap={self.overlap!r} applies to network.mode='sync' "
+                        "(the asynchronous schedule times its own exchanges).")
     for key in ('device_flops', 'mfu', 'bandwidth', 'inter_bandwidth', 'slow_factor',
                 'straggler_factor', 'step_seconds'):
       value = getattr(self, key)
@@ -138,6 +157,8 @@ def parse_network(section: dict[str, Any] | None) -> NetworkConfig | None:
   if profile == 'churn' and not values['churn']:
     raise ConfigError("network.profile='churn' needs network.churn: a list of "
                       '(worker, leave_step, rejoin_step).')
+  if 'overlap_buckets' in values and values.get('overlap', 'none') == 'none':
+    raise ConfigError("network.overlap_buckets is read only with network.overlap='backward'.")
   if profile == 'custom' and 'bandwidth_matrix' not in values:
     raise ConfigError("network.profile='custom' needs network.bandwidth_matrix.")
   return NetworkConfig(profile=profile, **values)
@@ -320,13 +341,24 @@ class Clock:
     now: [M] each worker's clock.
     compute: [M] each worker's seconds spent computing.
     pending: overlapped collectives in flight: [steps_left, arrival, members].
+    overlap: the overlap model, one of OVERLAPS (the module docstring).
+    buckets: pieces a collective is cut into with overlap='backward'.
   """
   net: Network
   now: np.ndarray | None = None
   compute: np.ndarray | None = None
   pending: list = dataclasses.field(default_factory=list)
+  overlap: str = 'none'
+  buckets: int = utilization_lib.BUCKETS
+  # The step being timed: when each worker started it and its compute seconds.
+  _began: np.ndarray | None = dataclasses.field(default=None, repr=False)
+  _work: np.ndarray | None = dataclasses.field(default=None, repr=False)
 
   def __post_init__(self):
+    if self.overlap not in OVERLAPS:
+      raise ConfigError(f'network.overlap must be one of {OVERLAPS}, got {self.overlap!r}.')
+    if self.buckets < 1:
+      raise ConfigError(f'network.overlap_buckets must be >= 1, got {self.buckets}.')
     m = self.net.num_workers
     self.now = np.zeros(m) if self.now is None else np.asarray(self.now, float)
     self.compute = np.zeros(m) if self.compute is None else np.asarray(self.compute, float)
@@ -341,6 +373,7 @@ class Clock:
     collective in worker order, due tau = `overlap_steps` steps later if tau > 0; gossip
     over the edges in `peers`, `payload` bytes each way)."""
     work = np.where(wire.active, self.net.step_seconds, 0.0)
+    self._began, self._work = self.now, work
     self.now = self.now + work
     self.compute = self.compute + work
     self._deliver()          # what was started tau steps ago is needed now
@@ -378,7 +411,7 @@ class Clock:
       duration = ring_all_gather_seconds(self.net, members, payload[members].max())
       download = payload[members].sum()
       share = download - payload           # every other member's message
-    end = start + duration
+    end = self._overlap_end(collective, members, payload, tau, start + duration)
     arrivals = [(members, end)] + [
         (np.array([a]), max(self.now[a], end) +
          min(self.net.link_seconds(j, a, download) for j in members)) for a in absent]
@@ -393,6 +426,20 @@ class Clock:
         self.pending.append([tau, arrival, who])
       else:
         self.now[who] = np.maximum(self.now[who], arrival)
+
+  def _overlap_end(self, collective, members, payload, tau: int, end: float) -> float:
+    """When a collective of `members` ends under the overlap model: `end` (started
+    after the step) with 'none' or tau > 0; with 'backward', its `buckets` pieces, each
+    a ring of its own, released through the members' backward pass of this step."""
+    if self.overlap == 'none' or tau > 0:
+      return end
+    buckets = self.buckets
+    if collective == _ALL_REDUCE:
+      piece = ring_all_reduce_seconds(self.net, members, payload[members].max() / buckets)
+    else:
+      piece = ring_all_gather_seconds(self.net, members, payload[members].max() / buckets)
+    return utilization_lib.backward_overlap_end(self._began[members], self._work[members],
+                                                piece, buckets)
 
   def _deliver(self) -> None:
     for item in self.pending:

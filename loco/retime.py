@@ -11,10 +11,14 @@ and writes, beside the run:
   runs/x/retimed/NAME/metrics.jsonl  the run's rows with sim_seconds, utilization and
                                      idle_seconds of the new network at each row's step
 
-which `loco.report` reads like a run (NAME: the profile unless given). Dropout and churn
-decided which work the run did (comms.jsonl records it), so they stay the run's. An
-asynchronous run (network.mode='async') cannot be re-timed: who exchanged with whom,
-and when, depended on its network.
+which `loco.report` reads like a run (NAME: the profile unless given; PROFILE+OVERLAP
+with a network.overlap other than 'none', then ',buckets=K' with network.overlap_buckets
+other than 128). `--network.overlap=backward` times each
+step's collective overlapped with the step's backward pass, as loco.utilization models
+it (arXiv 2501.18512 section 3.1; network.overlap in loco/configs/default.py). Dropout
+and churn decided which work the run did (comms.jsonl records it), so they stay the
+run's. An asynchronous run (network.mode='async') cannot be re-timed: who exchanged
+with whom, and when, depended on its network.
 """
 
 import json
@@ -29,6 +33,7 @@ from loco import configs
 from loco import network as network_lib
 from loco import runs
 from loco import timeline as timeline_lib
+from loco import utilization as utilization_lib
 from loco import workdir as workdir_lib
 from loco.errors import ConfigError, RunFileError, UsageError, WorkdirError
 from loco.metrics import write_jsonl
@@ -55,6 +60,15 @@ def network_section(overrides: Mapping[str, Any]) -> dict[str, Any]:
 def check_name(name: Any) -> None:
   if not isinstance(name, str) or not _NAME.match(name) or name in ('.', '..'):
     raise ConfigError(f'the re-timing name {name!r} must be letters, digits and _.,=+-.')
+
+
+def default_name(cfg: network_lib.NetworkConfig) -> str:
+  """A re-timing's directory name when none is given: the profile, and the overlap
+  model unless it is 'none' (so re-timings with and without it sit side by side)."""
+  if cfg.overlap == 'none':
+    return cfg.profile
+  name = f'{cfg.profile}+{cfg.overlap}'
+  return name if cfg.overlap_buckets == utilization_lib.BUCKETS else f'{name},buckets={cfg.overlap_buckets}'
 
 
 def _need(stored: dict[str, Any], path: str, workdir: str) -> Any:
@@ -102,7 +116,7 @@ def retime(workdir: str, overrides: Mapping[str, Any], name: str | None = None) 
   if name is not None:
     check_name(name)
   cfg = network_lib.parse_network(section)
-  out = os.path.join(workdir, RETIMED, name or cfg.profile)
+  out = os.path.join(workdir, RETIMED, name or default_name(cfg))
   for path in (os.path.dirname(out), out):     # checked before any work is done
     if os.path.exists(path) and not os.path.isdir(path):
       raise WorkdirError(f'{path} is a file, not a directory: the re-timing cannot be '
@@ -126,7 +140,9 @@ def retime(workdir: str, overrides: Mapping[str, Any], name: str | None = None) 
   net = network_lib.make_network(cfg, num_workers, seconds)
   steps = {r['step'] for r in rows}
   clocks = {step: timeline_lib.clock_metrics(clock.seconds, clock.now, clock.compute)
-            for step, clock in commlog.replay(net, log, max(steps)) if step in steps}
+            for step, clock in commlog.replay(net, log, max(steps), cfg.overlap,
+                                               cfg.overlap_buckets)
+            if step in steps}
   retimed = [{**r, **clocks[r['step']]} for r in rows]
   record = dict(stored, config={**run, 'network': section}, retimed_from=dict(
       workdir=os.path.abspath(workdir), network=own, step=max(steps),

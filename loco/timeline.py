@@ -81,7 +81,7 @@ class Timeline:
     self.sync = schedule_lib.SyncSchedule(
         num_workers, round_steps=round_steps, dropout=cfg.dropout, churn=cfg.churn,
         seed=cfg.seed, dropout_mode=cfg.dropout_mode)
-    self.clock = network_lib.Clock(net)
+    self.clock = network_lib.Clock(net, overlap=cfg.overlap, buckets=cfg.overlap_buckets)
 
   def contexts(self, start: int, count: int) -> StepContext | None:
     """The StepContext arrays ([count, ...]) of ticks start .. start + count - 1."""

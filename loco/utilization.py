@@ -134,6 +134,42 @@ class Workload:
     return 1 if self.algorithm == 'ddp' else self.sync_every
 
 
+def backward_overlap_end(starts: Sequence[float], step_seconds: Sequence[float],
+                         bucket_seconds: float, buckets: int = BUCKETS,
+                         queue_free: float = -math.inf) -> float:
+  """When a send overlapped with the backward pass of its step is done.
+
+  Participant i starts its step at starts[i] and computes for step_seconds[i]: a
+  forward pass of FORWARD_SHARE of it, then the backward pass, through which the send's
+  K = `buckets` equal pieces are released evenly (piece k at starts[i] + step_seconds[i]
+  (F + (k + 1) (1 - F) / K)), as a framework reduces gradients layer by layer while the
+  backward pass goes on. Piece k goes on the wire once every participant has released
+  it and piece k - 1 is done (one FIFO queue, idle from `queue_free`), and takes
+  c = `bucket_seconds`. This is the one formula of the overlap model: `compute_utilization`
+  times its sends with it and `network.Clock` (network.overlap='backward') its
+  collectives.
+
+  Args:
+    starts: when each participant starts the step (seconds).
+    step_seconds: each participant's compute seconds in the step (forward + backward).
+    bucket_seconds: c, seconds one piece takes on the wire.
+    buckets: K, pieces the send is cut into.
+    queue_free: when the network queue is free of earlier traffic (-inf: it is).
+
+  Returns:
+    When the last piece is done: done_k = max(done_{k-1}, release_k) + c unrolls to
+    max over k of release_k + (K - k) c; each release_k is a maximum of functions linear
+    in k, so the maximum sits at the first or the last piece: max(max(queue_free,
+    max_i first release_i) + K c, max_i (starts_i + step_seconds_i) + c).
+
+  References: arXiv 2501.18512 section 3.1.
+  """
+  first = max(s + d * (FORWARD_SHARE + (1 - FORWARD_SHARE) / buckets)
+              for s, d in zip(starts, step_seconds))
+  last = max(s + d for s, d in zip(starts, step_seconds))
+  return float(max(max(queue_free, first) + buckets * bucket_seconds, last + bucket_seconds))
+
+
 def compute_utilization(workload: Workload, gbit_per_s: float, rounds: int = 4,
                         warmup_rounds: int = 2) -> float:
   """Compute utilization (0..1] of `workload` over links of `gbit_per_s`.
@@ -154,7 +190,6 @@ def compute_utilization(workload: Workload, gbit_per_s: float, rounds: int = 4,
   if not gbit_per_s > 0:
     raise ConfigError(f'the bandwidth must be > 0 Gbit/s, got {gbit_per_s}.')
   step = workload.step_seconds
-  first_release = step * (FORWARD_SHARE + (1 - FORWARD_SHARE) / workload.buckets)
   bandwidth = gbit_per_s * GBIT
   t, cursor = 0.0, 0     # the compute clock is at the start of step `cursor`
   net_free = 0.0         # when the network queue is next idle
@@ -180,11 +215,9 @@ def compute_utilization(workload: Workload, gbit_per_s: float, rounds: int = 4,
       measured_from, stall = t, 0.0
     for offset, bits, tau in workload.sends():
       advance(r * workload.round_steps + offset)
-      # The K buckets of this send queue FIFO behind what is in flight: bucket k is
-      # released at t + first_release + k d (d = backward / K) and takes c seconds, so
-      # the last is done at max(max(net_free, first release) + K c, last release + c).
+      # The K buckets of this send queue FIFO behind what is in flight.
       c = workload.latency + bits / workload.buckets / bandwidth
-      done = max(max(net_free, t + first_release) + workload.buckets * c, t + step + c)
+      done = backward_overlap_end([t], [step], c, workload.buckets, queue_free=net_free)
       net_free = done
       key = cursor + 1 + tau
       due[key] = max(due.get(key, 0.0), done)

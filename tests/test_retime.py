@@ -36,6 +36,8 @@ RUNS = {
                         dict(profile='custom', bandwidth_matrix=MATRIX, latency=0.01)),
     'sparseloco': (dict(name='sparseloco', sync_every=2),
                    dict(profile='stragglers', bandwidth=1e5)),
+    'ddp_overlap': (dict(name='ddp'), dict(profile='homogeneous', bandwidth=1e5,
+                                           overlap='backward')),
     'diloco_dropout': (dict(name='diloco', sync_every=5),
                        dict(profile='homogeneous', bandwidth=1e5, dropout=0.4,
                             churn=[[1, 3, 12]], straggler_fraction=0.25,
@@ -148,6 +150,56 @@ def test_the_command_line(runs):
   before = read_metrics(workdir)[-1]['sim_seconds']
   assert proc.stdout.startswith(
       f'step 20: simulated {before:,.1f} s -> {last["sim_seconds"]:,.1f} s')
+
+
+def test_the_overlap_model_hides_communication_behind_the_backward_pass(runs, tmp_path,
+                                                                        capsys):
+  """DDP, 4 workers, on 0.5 s steps and 1e5 B/s links of 10 us: each step all-reduces
+  the 4P-byte gradient, 6 phases of a P-byte chunk. 'none': 0.5 + 6 (1e-5 + P / 1e5) per
+  step. 'backward' (loco.utilization's model): 128 pieces of 6 (1e-5 + P / 128 / 1e5) s
+  (each pays the latency) from the first release, 0.5 (1/3 + 2/3 / 128) s into the
+  step, back to back (a piece is longer than the release interval). DiLoCo (H = 5)
+  gains as much on each sync."""
+  with open(os.path.join(runs['ddp'], 'config.json')) as f:
+    params = json.load(f)['model']['param_count']
+  net = {'network.profile': 'homogeneous', 'network.step_seconds': '0.5',
+         'network.bandwidth': '1e5', 'network.latency': '1e-5'}
+  times = {}
+  for name in ('ddp', 'diloco'):
+    for overlap in ('none', 'backward'):
+      out = retime.retime(runs[name], {**net, 'network.overlap': overlap}, overlap)
+      times[name, overlap] = read_metrics(out)
+      stored = json.load(open(os.path.join(out, 'config.json')))
+      assert stored['config']['network']['overlap'] == overlap
+  none, backward = 0.5 + 6 * (1e-5 + params / 1e5), (
+      0.5 * (1 / 3 + 2 / 3 / 128) + 128 * 6 * (1e-5 + params / 128 / 1e5))
+  assert 0.5 * 2 / 3 / 128 < 6 * (1e-5 + params / 128 / 1e5)   # back to back
+  for a, b in zip(times['ddp', 'none'], times['ddp', 'backward']):
+    assert a['sim_seconds'] == pytest.approx(a['step'] * none, rel=1e-12)
+    assert b['sim_seconds'] == pytest.approx(b['step'] * backward, rel=1e-12)
+    assert b['utilization'] == pytest.approx(0.5 / backward, rel=1e-12)
+    assert b['sim_seconds'] < a['sim_seconds'] and b['utilization'] > a['utilization']
+  for a, b in zip(times['diloco', 'none'], times['diloco', 'backward']):
+    assert b['sim_seconds'] == pytest.approx(a['sim_seconds'] - (none - backward) * (
+        a['step'] // 5), rel=1e-12)
+  # The command line: the default name says the overlap; a bad value writes nothing.
+  workdir = _copy(runs['ddp'], tmp_path / 'run')
+  assert retime.main([workdir, '--network.profile=homogeneous',
+                      '--network.overlap=backward']) == 0
+  assert capsys.readouterr().out.strip().endswith(
+      os.path.join(workdir, 'retimed', 'homogeneous+backward'))
+  shutil.rmtree(os.path.join(workdir, 'retimed'))
+  assert _error(capsys, workdir, '--network.profile=homogeneous',
+                '--network.overlap=forward') == (
+      "network.overlap must be one of ('none', 'backward'), got 'forward'.")
+  assert _error(capsys, workdir, '--network.profile=homogeneous',
+                '--network.overlap=1').startswith('network.overlap must be one of')
+  assert _error(capsys, workdir, '--network.profile=homogeneous', '--network.overlap=backward',
+                '--network.overlap_buckets=0').startswith('network.overlap_buckets must be')
+  assert _error(capsys, workdir, '--network.profile=homogeneous',
+                '--network.overlap_buckets=8') == (
+      "network.overlap_buckets is read only with network.overlap='backward'.")
+  assert not os.path.exists(os.path.join(workdir, 'retimed'))
 
 
 def _copy(workdir, to):

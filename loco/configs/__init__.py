@@ -79,6 +79,7 @@ CONSTRAINTS = {
     'network.straggler_factor': 'positive',
     'network.dropout': 'in [0, 1)',
     'network.seed': 'in [0, 2**32)',
+    'network.overlap_buckets': '>= 1',
     'eval.batches': '>= 1',
     'eval.batch_size': '>= 1',
     'checkpoint.keep': '>= 1',

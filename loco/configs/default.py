@@ -101,6 +101,11 @@ def get_config() -> config_dict.ConfigDict:
   c.network.dropout = placeholder(float)       # probability a worker drops out of a round
   c.network.dropout_mode = placeholder(str)    # keep_local (default: an absent worker keeps its state, catches up at its next sync; the DiLoCo paper's) | discard (it adopts the others' result, its round is lost)
   c.network.seed = placeholder(int)            # random links, stragglers, dropout, async peers
+  c.network.overlap = placeholder(str)         # sync clock: none (a collective starts after the
+  #   step's compute) | backward (it overlaps the step's backward pass per layer, as
+  #   loco.utilization models it, arXiv 2501.18512 section 3.1; tau > 0 fragments as none)
+  c.network.overlap_buckets = placeholder(int)  # backward: pieces a collective is cut into,
+  #   each paying the ring's latency (128, loco.utilization's K; 1: as none)
 
   c.eval = config_dict.ConfigDict()
   c.eval.every = 100                # steps between evaluations (multiple of log_every)
