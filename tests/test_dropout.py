@@ -237,3 +237,38 @@ def test_local_steps_are_an_engine_key_of_every_algorithm_with_rounds():
     algorithms.make('ddp', optax.sgd(0.1), local_steps=[1, 1])
   with pytest.raises(ConfigError, match=r'integers in \[1, sync_every=4\]'):
     algorithms.make('diloco', optax.sgd(0.1), sync_every=4, local_steps=[5, 1])
+
+
+def test_keep_local_on_a_mesh_equals_one_device():
+  """16 workers in blocks of 2 on 8 devices, dropout and churn with keep_local: the
+  catch-up's copy from the up-to-date worker crosses devices; params, anchors and bytes
+  equal the one-device run's."""
+  from loco.placement import make_mesh, state_shardings
+  m, h = 16, 2
+  sched = schedule_lib.SyncSchedule(m, round_steps=h, dropout=0.4, churn=((5, 1, 6),),
+                                    seed=2)
+  targets = jnp.asarray(np.random.default_rng(0).normal(size=(m, N)), jnp.float32)
+
+  def run(mesh):
+    outer = optax.chain(comm.all_reduce_mean(),
+                        optax.sgd(OUTER_LR, momentum=MU, nesterov=True))
+    alg = local_updates(optax.sgd(INNER_LR), outer, h, mesh=mesh)
+    state = alg.init(jnp.zeros((N,), jnp.float32), m, jax.random.key(0))
+    if mesh is not None:
+      state = jax.device_put(state, state_shardings(state, mesh))
+    step, sent = jax.jit(alg.step), []
+    active, alive = sched.masks(0, 12)
+    keep, rejoin = sched.keep_rejoin(0, 12)
+    for t in range(12):
+      ctx = StepContext(active=active[t], alive=alive[t], keep=keep[t], rejoin=rejoin[t])
+      state, info = step(state, state.params - targets, ctx)
+      sent.append(np.asarray(info.bytes_received))
+    return jax.device_get(state), np.stack(sent)
+
+  want, want_bytes = run(None)
+  got, got_bytes = run(make_mesh(8, m))
+  assert sched.keep_rejoin(0, 12)[1].any()          # someone caught up
+  np.testing.assert_array_equal(got_bytes, want_bytes)
+  for a, b in zip(jax.tree.leaves((got.params, got.anchor)),
+                  jax.tree.leaves((want.params, want.anchor))):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
