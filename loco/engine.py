@@ -46,12 +46,19 @@ class StepContext(NamedTuple):
       step this tick (the asynchronous replay: only the workers of this tick's
       exchanges); see `sync_plan.Schedule.syncing`.
     key: a PRNG key for this tick (random matchings, stochastic rounding).
+    send: [M] bool, the overlapped asynchronous replay (`network.overlap='compute'`):
+      workers that send their model at the end of this tick (after the tick's merges):
+      their gossip stores the value it mixes as their snapshot, and this tick's `sync`
+      workers merge their partners' snapshots (stale models) instead of their current
+      values. None: exchanges read current values. Needs an algorithm built with
+      snapshots (`AsyncReplay.overlapped`).
   """
   active: jax.Array | None = None
   alive: jax.Array | None = None
   mixing: jax.Array | None = None
   sync: jax.Array | None = None
   key: jax.Array | None = None
+  send: jax.Array | None = None
 
 
 class StepInfo(NamedTuple):
@@ -119,10 +126,48 @@ class AsyncReplay(NamedTuple):
     sync_every: H, local steps between a worker's exchanges.
     peers: `peers(M)` -> [M, M] bool, who may exchange with whom.
     wire_dtype: the dtype models travel at ('float32', 'bfloat16', ...).
+    exchange_bytes: `exchange_bytes(params, M)` -> bytes one worker sends in one exchange,
+      measured from the algorithm's own outer chain (`pair_exchange_bytes`), or None:
+      the params at `wire_dtype`.
+    overlapped: `overlapped()` -> the same algorithm with gossip snapshots
+      (`comm.gossip(stale=True)`), which the overlapped replay needs, or None.
+    snapshots: whether this algorithm keeps those snapshots (`StepContext.send` works).
   """
   sync_every: int
   peers: Callable[[int], Any]
   wire_dtype: str = 'float32'
+  exchange_bytes: Callable[[Any], float] | None = None
+  overlapped: Callable[[], 'Algorithm'] | None = None
+  snapshots: bool = False
+
+
+def pair_exchange_bytes(outer: optax.GradientTransformation, params: PyTree,
+                        num_workers: int) -> float:
+  """Bytes one worker sends in one pairwise exchange of the outer chain `outer`.
+
+  A concrete evaluation of the chain on zeros of the params' shapes (float32, as the
+  engine's anchor) for M workers of which the first two exchange: what the chain's
+  communication transforms report (`comm.wire_bytes`) is what the engine's StepInfo
+  reports for that exchange, compression and transport dtype included.
+
+  Args:
+    outer: the outer chain (an optax transformation with extra arg `context`).
+    params: one model's params, or their `jax.ShapeDtypeStruct`s.
+    num_workers: M (the chain's topology must fit it).
+
+  Returns:
+    Bytes sent by one worker in one exchange.
+  """
+  outer = optax.with_extra_args_support(outer)
+  zeros = jax.tree.map(lambda x: jnp.zeros((num_workers, *x.shape), jnp.float32), params)
+  pair = jnp.eye(num_workers, dtype=jnp.float32).at[:2, :2].set(0.5)
+
+  def worker(anchor):
+    context = comm.WorkerContext(mixing=pair)
+    _, state = outer.update(anchor, outer.init(anchor), anchor, context=context)
+    return comm.wire_bytes(state).sent
+
+  return float(jax.jit(jax.vmap(worker, axis_name=axis.WORKERS))(zeros)[0])
 
 
 class Algorithm(NamedTuple):
@@ -231,10 +276,11 @@ def local_updates(
                      inner_state=inner_state, anchor=anchor, outer_state=outer_state,
                      extra=extra, key=key)
 
-  def sync_fragment(view, num_workers, mixing, key, params, anchor, outer_state,
+  def sync_fragment(view, num_workers, mixing, key, phase, params, anchor, outer_state,
                     merge_state, active, alive, who):
     """One worker's sync of a fragment (lists of its leaves), inside the worker map."""
-    context = comm.WorkerContext(active=active, alive=alive, mixing=mixing, key=key)
+    context = comm.WorkerContext(active=active, alive=alive, mixing=mixing, key=key,
+                                 snapshot=phase)
     delta = [a - p.astype(jnp.float32) for a, p in zip(anchor, params)]
     new_params, new_anchor, new_outer, new_merge = merge.at_sync(
         outer, view(params), view(anchor), view(delta), outer_state,
@@ -244,6 +290,9 @@ def local_updates(
     new = (jax.tree.leaves(new_params), jax.tree.leaves(new_anchor), new_outer,
            tuple(jax.tree.leaves(m) for m in new_merge))
     wire = comm.wire_bytes(new_outer)
+    if phase == 'send':    # only the snapshot of what is sent is kept
+      new = (params, anchor, comm.keep_snapshots(outer_state, new_outer), merge_state)
+      wire = comm.no_wire(num_workers)
     if who is not None:   # the asynchronous replay: only this tick's pairs sync
       new = optax.tree.where(who, new, (params, anchor, outer_state, merge_state))
       wire = wire.where(who)
@@ -283,7 +332,8 @@ def local_updates(
     for f, members in enumerate(schedule.members):
       view = functools.partial(_view, treedef, members)
       pick = lambda leaves: [leaves[i] for i in members]
-      sync = functools.partial(sync_fragment, view, num_workers, ctx.mixing, step_key)
+      phase = None if ctx.send is None else 'merge'
+      sync = functools.partial(sync_fragment, view, num_workers, ctx.mixing, step_key, phase)
       operands = (pick(p_leaves), pick(a_leaves), outer_states[f], tuple(map(pick, m_leaves)))
       # One cond outside the worker map: a step without this fragment's sync skips it
       # for every worker (a cond inside the map on an [M] mask would be a select).
@@ -295,6 +345,15 @@ def local_updates(
       for leaves, values in zip([p_leaves, a_leaves, *m_leaves], [new_p, new_a, *new_m]):
         _put(leaves, members, values)
       wire = wire.merge(outer_wire)
+      if ctx.send is not None:   # after the merges: the senders store their snapshots
+        send = jnp.asarray(ctx.send, bool)
+        snap = functools.partial(sync_fragment, view, num_workers, ctx.mixing, step_key,
+                                 'send')
+        outer_states[f] = jax.lax.cond(
+            jnp.any(send),
+            lambda ops: vmap(snap, (0, 0, 0, 0, 0, 0, 0))(*ops, active, alive, send)[0][2],
+            lambda ops: ops[2],
+            (pick(p_leaves), pick(a_leaves), outer_states[f], tuple(map(pick, m_leaves))))
       if merge.delay:     # delivery, tau steps after the sync (elementwise: no map)
         arrive = lambda p, a, m: jax.tree.leaves(
             merge.on_arrival(view(p), view(a), tuple(map(view, m))))

@@ -56,7 +56,8 @@ def make_timeline(exp: Experiment, algorithm: Algorithm) -> timeline_lib.Timelin
       algorithm=algorithm, name=exp.algorithm_name,
       flops_per_token=model_lib.flops_per_token(exp.model, r.seq_len),
       tokens_per_step=r.batch_per_worker * r.seq_len,
-      model_bytes=4 * model_lib.param_count(exp.model))
+      model_bytes=4 * model_lib.param_count(exp.model),
+      params=model_lib._abstract_params(exp.model))
 
 
 class Ledger:

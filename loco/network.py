@@ -33,8 +33,9 @@ from loco.errors import ConfigError
 PROFILES = ('homogeneous', 'multi_region', 'lognormal', 'slow_links', 'stragglers',
             'churn', 'custom')
 MODES = ('sync', 'async')
-LOCAL_WORK = ('steps', 'time')
-PEER_CHOICES = ('ready', 'sampled')
+LOCAL_WORK = ('steps', 'time', 'auto')
+PEER_CHOICES = ('ready', 'sampled', 'rotation')
+OVERLAPS = ('none', 'compute')
 
 GBIT = 1e9 / 8   # bytes/s in one Gbit/s
 
@@ -57,11 +58,21 @@ _PROFILE_DEFAULTS = {
 @dataclasses.dataclass(frozen=True)
 class NetworkConfig:
   """The `network` config section, typed: each key is documented where it is defined,
-  in loco/configs/default.py (a None there is the default here, or the profile's)."""
+  in loco/configs/default.py (a None there is the default here, or the profile's).
+
+  The asynchronous mode's keys (`loco.schedule.simulate_async`): `local_work` (H_i:
+  'steps', 'time' or 'auto'), `peer_choice` ('ready', 'sampled', 'rotation') and
+  `overlap`: 'compute' (a worker keeps computing while its exchange is in flight and
+  merges its partner's model, stale, on arrival: the GASLoC paper's asynchronous
+  setting, arXiv 2606.11081) or 'none' (it waits for the exchange: the blocking
+  replay of runs made before this key existed). None: 'compute' in the asynchronous
+  mode (`async_overlap`); it must stay unset in the synchronous one.
+  """
   profile: str
   mode: str = 'sync'
   local_work: str = 'steps'
   peer_choice: str = 'ready'
+  overlap: str | None = None
   step_seconds: float | None = None
   device_flops: float = 100e12
   mfu: float = 0.4
@@ -84,9 +95,10 @@ class NetworkConfig:
 
   def __post_init__(self):
     for key, allowed in (('mode', MODES), ('peer_choice', PEER_CHOICES),
-                         ('local_work', LOCAL_WORK)):
+                         ('local_work', LOCAL_WORK), ('overlap', OVERLAPS + (None,))):
       if getattr(self, key) not in allowed:
-        raise ConfigError(f'network.{key} must be one of {allowed}, got {getattr(self, key)!r}.')
+        shown = tuple(a for a in allowed if a is not None)
+        raise ConfigError(f'network.{key} must be one of {shown}, got {getattr(self, key)!r}.')
     for key in ('device_flops', 'mfu', 'bandwidth', 'inter_bandwidth', 'slow_factor',
                 'straggler_factor', 'step_seconds'):
       value = getattr(self, key)
@@ -102,6 +114,11 @@ class NetworkConfig:
       raise ConfigError(f'network.dropout must be in [0, 1), got {self.dropout}.')
     if self.regions < 1:
       raise ConfigError(f'network.regions must be >= 1, got {self.regions}.')
+
+  @property
+  def async_overlap(self) -> str:
+    """The asynchronous replay's overlap: `overlap`, or 'compute' when unset."""
+    return 'compute' if self.overlap is None else self.overlap
 
 
 def parse_network(section: dict[str, Any] | None) -> NetworkConfig | None:

@@ -33,6 +33,10 @@ class WorkerContext(NamedTuple):
   alive: jax.Array | None = None    # bool scalar: this worker communicates this tick
   mixing: jax.Array | None = None   # [M, M] mixing matrix of this tick (shared)
   key: jax.Array | None = None      # PRNG key of this tick (shared by all workers)
+  # The overlapped asynchronous replay (static): None (mix current values), 'send'
+  # (store the value to mix as this worker's snapshot; nothing moves) or 'merge' (mix
+  # this worker's current value with its partners' snapshots).
+  snapshot: str | None = None
 
 
 # How a transform talked, for the network clock (loco/network.py reads only this).

@@ -80,7 +80,13 @@ def get_config() -> config_dict.ConfigDict:
   #                                        | slow_links | stragglers | churn | custom
   c.network.mode = placeholder(str)      # sync | async (gasloc, noloco: replayed pairwise gossip)
   c.network.local_work = placeholder(str)  # async: steps (H each) | time (H_i from each speed)
+  #   | auto (H_i from speed and link: T = H min_i c_i + min_i x_i, H_i = clamp(floor((T - x_i)
+  #   / c_i), 1, H); c_i step seconds, x_i exchange seconds over i's median neighbour link)
   c.network.peer_choice = placeholder(str)  # async: ready (any waiting neighbour) | sampled (a random one, waited for)
+  #   | rotation (exchange r with the partner of matching r mod k of an edge colouring:
+  #   every neighbour once in every k own rounds; k = M - 1 on the complete graph, M even)
+  c.network.overlap = placeholder(str)   # async: compute (None; keep computing while an
+  #   exchange is in flight, merge the partner's stale model on arrival) | none (wait for it)
   c.network.step_seconds = placeholder(float)  # seconds per inner step; None: FLOPs / (device_flops x mfu)
   c.network.device_flops = placeholder(float)  # a worker's peak FLOP/s (100e12)
   c.network.mfu = placeholder(float)           # fraction of the peak a step reaches (0.4)
