@@ -17,6 +17,15 @@ of `StepContext` arrays:
   (`sync` for the pair, a pairwise-averaging `mixing` matrix). Each exchange only
   depends on its two workers' states, so this order computes exactly what the
   timed execution would.
+
+  With `overlap='compute'` (the GASLoC paper's setting, arXiv 2606.11081) a worker
+  does not wait for its exchange: it sends its model when the exchange starts and
+  computes on; each side merges the other's model, as it was when sent, at its first
+  step boundary after the transfer (`send` ticks store the snapshot, `sync` ticks
+  merge it; the steps taken meanwhile are the exchange's `staleness`).
+
+`local_steps_per_round` gives each worker's H_i ('steps', 'time', 'auto'); `rotation`
+gives the matchings of the 'rotation' peer rule.
 """
 
 import dataclasses
