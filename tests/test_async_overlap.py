@@ -303,3 +303,31 @@ def test_overlapped_gasloc_through_the_loop_reports_staleness(nano_config, tmp_p
   assert record['step'] > 20                     # send-then-merge ticks without steps
   assert record['stale_steps_max'] > 0 and record['stale_steps_mean'] > 0
   assert np.isfinite(record['eval_loss'])
+
+
+def test_an_async_run_from_before_the_overlap_key_resumes_blocking(nano_config, tmp_path):
+  """A run whose stored config has no network.overlap used the blocking replay: resuming
+  it with the new default ('compute') would be another run, so it is refused in one
+  line, and network.overlap='none' resumes it."""
+  import json
+  from loco import train
+  from loco.errors import WorkdirError
+  nano_config.num_workers = 4
+  nano_config.algorithm.name = 'gasloc'
+  nano_config.algorithm.sync_every = 5
+  nano_config.network.profile = 'homogeneous'
+  nano_config.network.mode = 'async'
+  nano_config.network.step_seconds = 1.0
+  nano_config.network.overlap = 'none'
+  workdir = str(tmp_path / 'run')
+  record = train.run(nano_config, workdir)
+  path = tmp_path / 'run' / 'config.json'
+  stored = json.loads(path.read_text())
+  del stored['config']['network']['overlap']         # as written before the key existed
+  path.write_text(json.dumps(stored))
+  nano_config.network.overlap = None
+  with pytest.raises(WorkdirError, match="resume it with network.overlap='none'") as err:
+    train.run(nano_config, workdir)
+  assert '\n' not in str(err.value)
+  nano_config.network.overlap = 'none'
+  assert train.run(nano_config, workdir) == record
