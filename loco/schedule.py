@@ -142,8 +142,9 @@ def local_steps_per_round(net: Network, sync_every: int, local_work: str, *,
     a slow worker, or one behind slow links, takes fewer steps between exchanges
     (GASLoC's per-worker H_i, arXiv 2606.11081). Every worker still takes all its
     steps, so a worker whose link alone outlasts T (x_i >= T) gets H_i = 1 and
-    exchanges after every step: on tiny_hetero's 100x slower links that is a run
-    about 8x longer in simulated time than 'steps'; there 'steps' or 'time' fit.
+    exchanges after every step: on tiny_hetero's 100x slower links (overlapped) the
+    run takes 8x ('rotation') to 46x ('ready') the simulated time of 'steps'; there
+    'steps' or 'time' fit better.
 
   Args:
     net: the network.
