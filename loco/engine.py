@@ -59,6 +59,12 @@ class StepContext(NamedTuple):
       alive worker that is not rejoining), whose bytes are counted: the sender sends
       them, the rejoining worker receives them. Read by algorithms whose anchors are
       shared (`local_updates(..., shared_anchor=True)`).
+    send: [M] bool, the overlapped asynchronous replay (`network.overlap='compute'`):
+      workers that send their model at the end of this tick (after the tick's merges):
+      their gossip stores the value it mixes as their snapshot, and this tick's `sync`
+      workers merge their partners' snapshots (stale models) instead of their current
+      values. None: exchanges read current values. Needs an algorithm built with
+      snapshots (`AsyncReplay.overlapped`).
   """
   active: jax.Array | None = None
   alive: jax.Array | None = None
@@ -67,6 +73,7 @@ class StepContext(NamedTuple):
   key: jax.Array | None = None
   keep: jax.Array | None = None
   rejoin: jax.Array | None = None
+  send: jax.Array | None = None
 
 
 class StepInfo(NamedTuple):
@@ -134,10 +141,48 @@ class AsyncReplay(NamedTuple):
     sync_every: H, local steps between a worker's exchanges.
     peers: `peers(M)` -> [M, M] bool, who may exchange with whom.
     wire_dtype: the dtype models travel at ('float32', 'bfloat16', ...).
+    exchange_bytes: `exchange_bytes(params, M)` -> bytes one worker sends in one exchange,
+      measured from the algorithm's own outer chain (`pair_exchange_bytes`), or None:
+      the params at `wire_dtype`.
+    overlapped: `overlapped()` -> the same algorithm with gossip snapshots
+      (`comm.gossip(stale=True)`), which the overlapped replay needs, or None.
+    snapshots: whether this algorithm keeps those snapshots (`StepContext.send` works).
   """
   sync_every: int
   peers: Callable[[int], Any]
   wire_dtype: str = 'float32'
+  exchange_bytes: Callable[[Any], float] | None = None
+  overlapped: Callable[[], 'Algorithm'] | None = None
+  snapshots: bool = False
+
+
+def pair_exchange_bytes(outer: optax.GradientTransformation, params: PyTree,
+                        num_workers: int) -> float:
+  """Bytes one worker sends in one pairwise exchange of the outer chain `outer`.
+
+  A concrete evaluation of the chain on zeros of the params' shapes (float32, as the
+  engine's anchor) for M workers of which the first two exchange: what the chain's
+  communication transforms report (`comm.wire_bytes`) is what the engine's StepInfo
+  reports for that exchange, compression and transport dtype included.
+
+  Args:
+    outer: the outer chain (an optax transformation with extra arg `context`).
+    params: one model's params, or their `jax.ShapeDtypeStruct`s.
+    num_workers: M (the chain's topology must fit it).
+
+  Returns:
+    Bytes sent by one worker in one exchange.
+  """
+  outer = optax.with_extra_args_support(outer)
+  zeros = jax.tree.map(lambda x: jnp.zeros((num_workers, *x.shape), jnp.float32), params)
+  pair = jnp.eye(num_workers, dtype=jnp.float32).at[:2, :2].set(0.5)
+
+  def worker(anchor):
+    context = comm.WorkerContext(mixing=pair)
+    _, state = outer.update(anchor, outer.init(anchor), anchor, context=context)
+    return comm.wire_bytes(state).sent
+
+  return float(jax.jit(jax.vmap(worker, axis_name=axis.WORKERS))(zeros)[0])
 
 
 class Algorithm(NamedTuple):
@@ -267,18 +312,23 @@ def local_updates(
                      inner_state=inner_state, anchor=anchor, outer_state=outer_state,
                      extra=extra, key=key)
 
-  def sync_fragment(view, num_workers, mixing, key, params, anchor, outer_state,
+  def sync_fragment(view, num_workers, mixing, key, phase, params, anchor, outer_state,
                     merge_state, active, alive, adopt):
     """One worker's outer step of a fragment (lists of its leaves), inside the worker
-    map, before the merge reaches the params; and what it put on the wire."""
+    map, before the merge reaches the params; and what it put on the wire. With phase
+    'send' (the overlapped asynchronous replay) only the snapshot of what this worker
+    sends is kept, and nothing moves."""
     context = comm.WorkerContext(active=active, alive=alive, mixing=mixing, key=key,
-                                 adopt=adopt)
+                                 adopt=adopt, snapshot=phase)
     delta = [a - p.astype(jnp.float32) for a, p in zip(anchor, params)]
     new_params, new_anchor, new_outer, new_merge = merge.at_sync(
         outer, view(params), view(anchor), view(delta), outer_state,
         tuple(map(view, merge_state)), context=context, num_workers=num_workers)
     new = (jax.tree.leaves(new_params), jax.tree.leaves(new_anchor), new_outer,
            tuple(jax.tree.leaves(m) for m in new_merge))
+    if phase == 'send':    # only the snapshot of what is sent is kept
+      return ((params, anchor, comm.keep_snapshots(outer_state, new_outer), merge_state),
+              comm.no_wire(num_workers))
     return new, comm.wire_bytes(new_outer)
 
   def catch_up(new, alive, rejoin):
@@ -354,7 +404,8 @@ def local_updates(
     for f, members in enumerate(schedule.members):
       view = functools.partial(_view, treedef, members)
       pick = lambda leaves: [leaves[i] for i in members]
-      sync = functools.partial(sync_fragment, view, num_workers, ctx.mixing, step_key)
+      phase = None if ctx.send is None else 'merge'
+      sync = functools.partial(sync_fragment, view, num_workers, ctx.mixing, step_key, phase)
 
       def synced_fragment(ops, view=view, sync=sync):
         new, wire = vmap(sync, 0)(*ops, active, alive, adopt)
@@ -380,6 +431,27 @@ def local_updates(
       for leaves, values in zip([p_leaves, a_leaves, *m_leaves], [new_p, new_a, *new_m]):
         _put(leaves, members, values)
       wire = wire.merge(outer_wire)
+      if ctx.send is not None:   # after the merges: the senders store their snapshots
+        send = jnp.asarray(ctx.send, bool)
+        snap = functools.partial(sync_fragment, view, num_workers, ctx.mixing, step_key,
+                                 'send')
+
+        def store(ops, snap=snap, send=send):
+          stored = vmap(snap, 0)(*ops, active, alive, adopt)[0][2]
+          return vmap(lambda w, n, o: optax.tree.where(w, n, o), 0)(send, stored, ops[2])
+
+        outer_states[f] = jax.lax.cond(
+            jnp.any(send), store, lambda ops: ops[2],
+            (pick(p_leaves), pick(a_leaves), outer_states[f], tuple(map(pick, m_leaves))))
+      if ctx.send is not None:   # after the merges: the senders store their snapshots
+        send = jnp.asarray(ctx.send, bool)
+        snap = functools.partial(sync_fragment, view, num_workers, ctx.mixing, step_key,
+                                 'send')
+        outer_states[f] = jax.lax.cond(
+            jnp.any(send),
+            lambda ops: vmap(snap, (0, 0, 0, 0, 0, 0, 0))(*ops, active, alive, send)[0][2],
+            lambda ops: ops[2],
+            (pick(p_leaves), pick(a_leaves), outer_states[f], tuple(map(pick, m_leaves))))
       if merge.delay:     # delivery, tau steps after the sync (elementwise: no map)
         arrive = lambda p, a, m: jax.tree.leaves(
             merge.on_arrival(view(p), view(a), tuple(map(view, m))))

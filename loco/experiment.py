@@ -125,8 +125,14 @@ def parse_config(config: ml_collections.ConfigDict) -> Experiment:
 
 
 def build_algorithm(exp: Experiment, mesh=None) -> Algorithm:
+  """The run's algorithm; with snapshots for the overlapped asynchronous replay."""
   inner = optim.inner_optimizer(exp.inner)
-  return algorithms.make(exp.algorithm_name, inner, mesh=mesh, **exp.algorithm_kwargs)
+  algorithm = algorithms.make(exp.algorithm_name, inner, mesh=mesh, **exp.algorithm_kwargs)
+  net = exp.network
+  if (net is not None and net.mode == 'async' and net.async_overlap == 'compute'
+      and algorithm.replay is not None and algorithm.replay.overlapped is not None):
+    algorithm = algorithm.replay.overlapped()
+  return algorithm
 
 
 def check_vocabulary(exp: Experiment) -> None:

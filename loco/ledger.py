@@ -52,7 +52,8 @@ def make_timeline(exp: Experiment, algorithm: Algorithm) -> timeline_lib.Timelin
       exp.network, num_workers=r.num_workers, steps=r.steps, algorithm=algorithm, name=exp.algorithm_name,
       flops_per_token=model_lib.flops_per_token(exp.model, r.seq_len),
       tokens_per_step=r.batch_per_worker * r.seq_len,
-      model_bytes=4 * model_lib.param_count(exp.model))
+      model_bytes=4 * model_lib.param_count(exp.model),
+      params=model_lib._abstract_params(exp.model))
 
 
 class Ledger:

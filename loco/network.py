@@ -43,10 +43,11 @@ from loco.errors import ConfigError
 PROFILES = ('homogeneous', 'multi_region', 'lognormal', 'slow_links', 'stragglers',
             'churn', 'custom')
 MODES = ('sync', 'async')
-LOCAL_WORK = ('steps', 'time')
-PEER_CHOICES = ('ready', 'sampled')
+LOCAL_WORK = ('steps', 'time', 'auto')
+PEER_CHOICES = ('ready', 'sampled', 'rotation')
 DROPOUT_MODES = ('keep_local', 'discard')   # loco.schedule.SyncSchedule documents them
-OVERLAPS = ('none', 'backward')
+# What communication overlaps, per mode (the first is the mode's default).
+OVERLAPS = {'sync': ('none', 'backward'), 'async': ('compute', 'none')}
 
 GBIT = 1e9 / 8   # bytes/s in one Gbit/s
 
@@ -69,11 +70,22 @@ _PROFILE_DEFAULTS = {
 @dataclasses.dataclass(frozen=True)
 class NetworkConfig:
   """The `network` config section, typed: each key is documented where it is defined,
-  in loco/configs/default.py (a None there is the default here, or the profile's)."""
+  in loco/configs/default.py (a None there is the default here, or the profile's).
+
+  The asynchronous mode's keys (`loco.schedule.simulate_async`): `local_work` (H_i:
+  'steps', 'time' or 'auto'), `peer_choice` ('ready', 'sampled', 'rotation') and
+  `overlap`: 'compute' (a worker keeps computing while its exchange is in flight and
+  merges its partner's model, stale, on arrival: the GASLoC paper's asynchronous
+  setting, arXiv 2606.11081) or 'none' (it waits for the exchange: the blocking
+  replay of runs made before this key existed). None: 'compute' in the asynchronous
+  mode (`async_overlap`). In the synchronous mode `overlap` is the clock's model:
+  'none' (default) or 'backward' (`clock_overlap`).
+  """
   profile: str
   mode: str = 'sync'
   local_work: str = 'steps'
   peer_choice: str = 'ready'
+  overlap: str | None = None
   step_seconds: float | None = None
   device_flops: float = 100e12
   mfu: float = 0.4
@@ -94,20 +106,18 @@ class NetworkConfig:
   dropout: float = 0.0
   dropout_mode: str = 'keep_local'
   seed: int = 0
-  overlap: str = 'none'
   overlap_buckets: int = utilization_lib.BUCKETS
 
   def __post_init__(self):
     for key, allowed in (('mode', MODES), ('peer_choice', PEER_CHOICES),
-                         ('local_work', LOCAL_WORK), ('dropout_mode', DROPOUT_MODES),
-                         ('overlap', OVERLAPS)):
+                         ('local_work', LOCAL_WORK), ('dropout_mode', DROPOUT_MODES)):
       if getattr(self, key) not in allowed:
         raise ConfigError(f'network.{key} must be one of {allowed}, got {getattr(self, key)!r}.')
+    if self.overlap is not None and self.overlap not in OVERLAPS[self.mode]:
+      raise ConfigError(f"network.overlap must be one of {OVERLAPS[self.mode]} with "
+                        f"network.mode={self.mode!r}, got {self.overlap!r}.")
     if self.overlap_buckets < 1:
       raise ConfigError(f'network.overlap_buckets must be >= 1, got {self.overlap_buckets}.')
-    if self.overlap != 'none' and self.mode == 'async':
-      raise ConfigError(f"network.overlap={self.overlap!r} applies to network.mode='sync' "
-                        "(the asynchronous schedule times its own exchanges).")
     for key in ('device_flops', 'mfu', 'bandwidth', 'inter_bandwidth', 'slow_factor',
                 'straggler_factor', 'step_seconds'):
       value = getattr(self, key)
@@ -123,6 +133,16 @@ class NetworkConfig:
       raise ConfigError(f'network.dropout must be in [0, 1), got {self.dropout}.')
     if self.regions < 1:
       raise ConfigError(f'network.regions must be >= 1, got {self.regions}.')
+
+  @property
+  def async_overlap(self) -> str:
+    """The asynchronous replay's overlap: `overlap`, or 'compute' when unset."""
+    return OVERLAPS['async'][0] if self.overlap is None else self.overlap
+
+  @property
+  def clock_overlap(self) -> str:
+    """The synchronous clock's overlap model: `overlap`, or 'none' when unset."""
+    return OVERLAPS['sync'][0] if self.overlap is None else self.overlap
 
 
 def parse_network(section: dict[str, Any] | None) -> NetworkConfig | None:
@@ -157,7 +177,7 @@ def parse_network(section: dict[str, Any] | None) -> NetworkConfig | None:
   if profile == 'churn' and not values['churn']:
     raise ConfigError("network.profile='churn' needs network.churn: a list of "
                       '(worker, leave_step, rejoin_step).')
-  if 'overlap_buckets' in values and values.get('overlap', 'none') == 'none':
+  if 'overlap_buckets' in values and values.get('overlap') != 'backward':
     raise ConfigError("network.overlap_buckets is read only with network.overlap='backward'.")
   if profile == 'custom' and 'bandwidth_matrix' not in values:
     raise ConfigError("network.profile='custom' needs network.bandwidth_matrix.")
@@ -341,7 +361,7 @@ class Clock:
     now: [M] each worker's clock.
     compute: [M] each worker's seconds spent computing.
     pending: overlapped collectives in flight: [steps_left, arrival, members].
-    overlap: the overlap model, one of OVERLAPS (the module docstring).
+    overlap: the overlap model, one of OVERLAPS['sync'] (the module docstring).
     buckets: pieces a collective is cut into with overlap='backward'.
   """
   net: Network
@@ -355,8 +375,9 @@ class Clock:
   _work: np.ndarray | None = dataclasses.field(default=None, repr=False)
 
   def __post_init__(self):
-    if self.overlap not in OVERLAPS:
-      raise ConfigError(f'network.overlap must be one of {OVERLAPS}, got {self.overlap!r}.')
+    if self.overlap not in OVERLAPS['sync']:
+      raise ConfigError(f"network.overlap must be one of {OVERLAPS['sync']}, got "
+                        f"{self.overlap!r}.")
     if self.buckets < 1:
       raise ConfigError(f'network.overlap_buckets must be >= 1, got {self.buckets}.')
     m = self.net.num_workers

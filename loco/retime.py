@@ -104,9 +104,10 @@ def retime(workdir: str, overrides: Mapping[str, Any], name: str | None = None) 
     raise ConfigError(f"the run in {workdir} was simulated asynchronously (network.mode="
                       "'async'): its schedule depended on its network; train it again.")
   section = network_section(overrides)
-  if section['mode'] == 'async' or section['local_work'] or section['peer_choice']:
-    raise ConfigError('network.mode, local_work and peer_choice belong to the asynchronous '
-                      'mode, which cannot be re-timed.')
+  if (section['mode'] == 'async' or section['local_work'] or section['peer_choice']
+      or section['overlap'] == 'compute'):
+    raise ConfigError('network.mode, local_work, peer_choice and overlap=compute belong to '
+                      'the asynchronous mode, which cannot be re-timed.')
   for key in ('dropout', 'churn', 'dropout_mode'):   # facts of the run, not the network
     if section[key] is None:
       section[key] = own.get(key)

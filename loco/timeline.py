@@ -45,12 +45,15 @@ class Timeline:
       the algorithm's own `Algorithm.round_steps`.
     algorithm: the algorithm (its `replay`, for the asynchronous mode).
     name: the algorithm's name, for messages.
-    model_bytes: bytes of one model at float32 (for the asynchronous exchanges).
+    model_bytes: bytes of one model at float32 (the asynchronous exchanges' size when
+      `params` is not given or the algorithm cannot measure its exchange).
+    params: one model's params or their shapes: the asynchronous exchanges' bytes are
+      measured from the algorithm's own outer chain (`AsyncReplay.exchange_bytes`).
   """
 
   def __init__(self, cfg: network_lib.NetworkConfig, net: network_lib.Network, *,
                num_workers: int, steps: int, round_steps: int, algorithm: Algorithm,
-               name: str, model_bytes: int):
+               name: str, model_bytes: int, params: Any = None):
     self.num_workers = num_workers
     self.schedule = None
     if cfg.mode == 'async':
@@ -60,10 +63,22 @@ class Timeline:
                           f"chain; algorithm {name!r} has none (gasloc and noloco do).")
       if cfg.dropout or cfg.churn:
         raise ConfigError("network.dropout and network.churn apply to network.mode='sync'.")
+      if algorithm.local_steps is not None:
+        raise ConfigError("algorithm.local_steps applies to network.mode='sync'; the "
+                          "asynchronous replay takes each worker's H_i from "
+                          "network.local_work.")
+      overlap = cfg.async_overlap
+      if overlap == 'compute' and not replay.snapshots:
+        raise ConfigError(f"network.overlap='compute' needs algorithm {name!r} built with "
+                          "gossip snapshots (its AsyncReplay.overlapped()); or set "
+                          "network.overlap='none'.")
+      self.exchange_bytes = (model_bytes * _ITEMSIZE[replay.wire_dtype] / 4
+                             if params is None or replay.exchange_bytes is None
+                             else replay.exchange_bytes(params, num_workers))
       self.schedule = schedule_lib.simulate_async(
           net, steps=steps, sync_every=replay.sync_every, peers=replay.peers(num_workers),
-          exchange_bytes=model_bytes * _ITEMSIZE[replay.wire_dtype] / 4,
-          local_work=cfg.local_work, peer_choice=cfg.peer_choice, seed=cfg.seed)
+          exchange_bytes=self.exchange_bytes, local_work=cfg.local_work,
+          peer_choice=cfg.peer_choice, overlap=overlap, seed=cfg.seed)
       self.num_ticks = self.schedule.num_ticks
       return
     if cfg.local_work != 'steps' or cfg.peer_choice != 'ready':
@@ -81,14 +96,16 @@ class Timeline:
     self.sync = schedule_lib.SyncSchedule(
         num_workers, round_steps=round_steps, dropout=cfg.dropout, churn=cfg.churn,
         seed=cfg.seed, dropout_mode=cfg.dropout_mode)
-    self.clock = network_lib.Clock(net, overlap=cfg.overlap, buckets=cfg.overlap_buckets)
+    self.clock = network_lib.Clock(net, overlap=cfg.clock_overlap,
+                                   buckets=cfg.overlap_buckets)
 
   def contexts(self, start: int, count: int) -> StepContext | None:
     """The StepContext arrays ([count, ...]) of ticks start .. start + count - 1."""
     if self.schedule is not None:
       s, e = start, start + count
+      send = None if self.schedule.send is None else self.schedule.send[s:e]
       return StepContext(active=self.schedule.active[s:e], sync=self.schedule.sync[s:e],
-                         mixing=self.schedule.mixing[s:e])
+                         mixing=self.schedule.mixing[s:e], send=send)
     if self.sync.trivial and self.local_steps is None:
       return None
     active, alive = self.sync.masks(start, count)
@@ -114,11 +131,17 @@ class Timeline:
       self.clock.step(wire)
 
   def metrics(self, end: int) -> dict[str, Any]:
-    """sim_seconds, utilization (mean compute / elapsed) and idle seconds per worker."""
+    """sim_seconds, utilization (mean compute / elapsed) and idle seconds per worker;
+    asynchronous: also the staleness of the exchanges merged so far (mean and max
+    inner steps a worker took between sending its model and merging its partner's)."""
     if self.schedule is not None:
       s = self.schedule
-      return clock_metrics(float(s.seconds[end - 1]), s.worker_seconds[end - 1],
-                           s.compute[end - 1])
+      out = clock_metrics(float(s.seconds[end - 1]), s.worker_seconds[end - 1],
+                          s.compute[end - 1])
+      merged = np.array([x[3] <= s.seconds[end - 1] for x in s.exchanges], bool)
+      stale = s.staleness[merged] if merged.any() else np.zeros((1, 2), int)
+      return dict(out, stale_steps_mean=round(float(stale.mean()), 6),
+                  stale_steps_max=int(stale.max()))
     return clock_metrics(self.clock.seconds, self.clock.now, self.clock.compute)
 
   def state_dict(self) -> dict:
@@ -136,8 +159,8 @@ def clock_metrics(seconds: float, own: np.ndarray, compute: np.ndarray) -> dict[
 
 
 def make_timeline(cfg, *, num_workers: int, steps: int, algorithm: Algorithm, name: str,
-                  flops_per_token: float, tokens_per_step: int,
-                  model_bytes: int) -> Timeline | None:
+                  flops_per_token: float, tokens_per_step: int, model_bytes: int,
+                  params: Any = None) -> Timeline | None:
   """The run's Timeline, or None without a network config; rounds are the algorithm's
   declared `round_steps`."""
   if cfg is None:
@@ -145,5 +168,5 @@ def make_timeline(cfg, *, num_workers: int, steps: int, algorithm: Algorithm, na
   seconds = network_lib.nominal_step_seconds(cfg, flops_per_token, tokens_per_step)
   net = network_lib.make_network(cfg, num_workers, seconds)
   return Timeline(cfg, net, num_workers=num_workers, steps=steps,
-                  round_steps=algorithm.round_steps,
-                  algorithm=algorithm, name=name, model_bytes=model_bytes)
+                  round_steps=algorithm.round_steps, algorithm=algorithm, name=name,
+                  model_bytes=model_bytes, params=params)

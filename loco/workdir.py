@@ -143,9 +143,17 @@ class Workdir:
               f'{checkpoint_step} with this config.']
     # Compare through JSON, as the stored config was written.
     old, new = flatten(stored), flatten(json.loads(json.dumps(config, default=str)))
+    # Asynchronous runs made before network.overlap existed used the blocking replay:
+    # they resume with overlap='none' (the key's default, 'compute', is another run).
+    before_overlap = old.get('network.mode') == 'async' and 'network.overlap' not in old
+    if before_overlap and new.get('network.overlap') is None:
+      raise WorkdirError(
+          f'the run in {self.path} was simulated with the blocking asynchronous replay '
+          "(before network.overlap existed): resume it with network.overlap='none'.")
     changed = [k for k in sorted(set(old) | set(new))
                if k != 'steps' and not _may_change(k) and old.get(k) != new.get(k)
-               and not (k not in old and new.get(k) is None)]
+               and not (k not in old and new.get(k) is None)
+               and not (k == 'network.overlap' and before_overlap)]
     if changed:
       shown = ', '.join(f'{k} ({old.get(k)!r} -> {new.get(k)!r})' for k in changed[:6])
       more = f' and {len(changed) - 6} more' if len(changed) > 6 else ''

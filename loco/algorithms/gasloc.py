@@ -1,16 +1,16 @@
 """GASLoC: decentralized DiLoCo, the all-reduce replaced by gossip over a graph."""
 
+import functools
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from loco import comm
 from loco import optim
 from loco import topology as topology_lib
 from loco.algorithms.spec import AlgorithmSpec, Key
-from loco.engine import Algorithm, AsyncReplay, local_updates
+from loco.engine import Algorithm, AsyncReplay, local_updates, pair_exchange_bytes
 from loco.errors import ConfigError
 
 
@@ -113,24 +113,32 @@ def gasloc(inner: optax.GradientTransformation, *, sync_every: int = 500,
     raise ConfigError(f'algorithm.form must be one of {", ".join(FORMS)}, got {form!r}.')
   if mix not in ('models', 'deltas'):
     raise ConfigError(f"algorithm.mix must be 'models' or 'deltas', got {mix!r}.")
-  if form == 'proposed_points':
-    if outer is not None or mix != 'models':
-      raise ConfigError("algorithm.form='proposed_points' gossips the proposed points "
-                        "with its own heavy-ball step: it takes no outer chain and mix "
-                        "'models' only.")
-    mixer = comm.gossip(topology, 'models', step_size=gossip_step, dtype=transport_dtype,
-                        weights=weights, seed=seed)
-    outer_chain = proposed_point_gossip(mixer, outer_lr, outer_momentum)
-  else:
-    if outer is None:
-      outer = optim.outer_optimizer(outer_optimizer, outer_lr, outer_momentum)
+  if form == 'proposed_points' and (outer is not None or mix != 'models'):
+    raise ConfigError("algorithm.form='proposed_points' gossips the proposed points "
+                      "with its own heavy-ball step: it takes no outer chain and mix "
+                      "'models' only.")
+  if form != 'proposed_points' and outer is None:
+    outer = optim.outer_optimizer(outer_optimizer, outer_lr, outer_momentum)
+
+  def outer_chain(stale: bool) -> optax.GradientTransformation:
     mixer = comm.gossip(topology, mix, step_size=gossip_step, dtype=transport_dtype,
-                        weights=weights, seed=seed)
-    outer_chain = optax.chain(mixer, outer)
-  # Per-worker local steps (the paper's H_i) are the engine's `local_steps` key.
-  algorithm = local_updates(inner, outer_chain, sync_every, shared_anchor=False, mesh=mesh)
-  peers = lambda m: topology_lib.resolve_topology(topology, m, weights=weights, seed=seed).adjacency
-  return algorithm._replace(replay=AsyncReplay(sync_every, peers, transport_dtype))
+                        weights=weights, seed=seed, stale=stale)
+    if form == 'proposed_points':
+      return proposed_point_gossip(mixer, outer_lr, outer_momentum)
+    return optax.chain(mixer, outer)
+
+  def build(stale: bool) -> Algorithm:
+    # Per-worker local steps (the paper's H_i) are the engine's `local_steps` key.
+    algorithm = local_updates(inner, outer_chain(stale), sync_every, shared_anchor=False,
+                              mesh=mesh)
+    peers = lambda m: topology_lib.resolve_topology(topology, m, weights=weights,
+                                                    seed=seed).adjacency
+    return algorithm._replace(replay=AsyncReplay(
+        sync_every, peers, transport_dtype,
+        exchange_bytes=functools.partial(pair_exchange_bytes, outer_chain(False)),
+        overlapped=None if stale else lambda: build(True), snapshots=stale))
+
+  return build(False)
 
 
 GASLOC = AlgorithmSpec(

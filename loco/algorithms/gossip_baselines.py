@@ -22,7 +22,7 @@ from loco import comm
 from loco import optim
 from loco import topology as topology_lib
 from loco.algorithms.spec import AlgorithmSpec
-from loco.engine import Algorithm, AsyncReplay, local_updates
+from loco.engine import Algorithm, AsyncReplay, local_updates, pair_exchange_bytes
 from loco import axis as comm_axis
 
 PyTree = Any
@@ -212,12 +212,23 @@ def noloco(inner: optax.GradientTransformation, *, sync_every: int = 50,
   References:
     Kolehmainen et al., arXiv 2506.10911 (NoLoCo); code jkolehm/noloco.
   """
-  mixer = comm.gossip(topology, 'models', dtype=transport_dtype, seed=seed, pairwise=True)
   outer = optim.outer_optimizer('heavy_ball', outer_lr, outer_momentum)
-  algorithm = local_updates(inner, optax.chain(mixer, outer), sync_every,
-                            shared_anchor=False, mesh=mesh)
-  peers = lambda m: topology_lib.resolve_topology(topology, m, seed=seed, pairwise=True).adjacency
-  return algorithm._replace(replay=AsyncReplay(sync_every, peers, transport_dtype))
+
+  def outer_chain(stale: bool) -> optax.GradientTransformation:
+    return optax.chain(comm.gossip(topology, 'models', dtype=transport_dtype, seed=seed,
+                                   pairwise=True, stale=stale), outer)
+
+  def build(stale: bool) -> Algorithm:
+    algorithm = local_updates(inner, outer_chain(stale), sync_every, shared_anchor=False,
+                              mesh=mesh)
+    peers = lambda m: topology_lib.resolve_topology(topology, m, seed=seed,
+                                                    pairwise=True).adjacency
+    return algorithm._replace(replay=AsyncReplay(
+        sync_every, peers, transport_dtype,
+        exchange_bytes=functools.partial(pair_exchange_bytes, outer_chain(False)),
+        overlapped=None if stale else lambda: build(True), snapshots=stale))
+
+  return build(False)
 
 
 DSGD = AlgorithmSpec(dsgd, example=dict(topology='ring'), carrier='collective-permute')

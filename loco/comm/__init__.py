@@ -13,7 +13,8 @@ from loco.comm.core import (ALL_GATHER, ALL_REDUCE, GOSSIP, KINDS, NO_COMM, Comm
                             alive_peers, all_reduce_mean, empty_comm_state, no_wire,
                             ring_all_reduce_state, static_num_workers, transport_dtype,
                             tree_bytes, wire_bytes, worker_mean)
-from loco.comm.gossip import GossipState, Mixed, gossip, mixing_step, round_key
+from loco.comm.gossip import (GossipState, Mixed, gossip, keep_snapshots, mixing_step,
+                              round_key)
 from loco.comm.sparse import (CompressedCommState, compressed_all_reduce_mean,
                               sparse_all_gather_mean)
 from loco.comm.sparta import SpartaState

@@ -35,6 +35,10 @@ class WorkerContext(NamedTuple):
   key: jax.Array | None = None      # PRNG key of this tick (shared by all workers)
   adopt: jax.Array | None = None    # bool scalar: if absent, this worker downloads and
                                     # adopts the result (False: keep-local dropout)
+  # The overlapped asynchronous replay (static): None (mix current values), 'send'
+  # (store the value to mix as this worker's snapshot; nothing moves) or 'merge' (mix
+  # this worker's current value with its partners' snapshots).
+  snapshot: str | None = None
 
 
 # How a transform talked, for the network clock (loco/network.py reads only this).

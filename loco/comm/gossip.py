@@ -65,6 +65,17 @@ class GossipState(NamedTuple):
   """State of the `gossip` transform."""
   count: jax.Array          # int32: applications so far (seeds the draw without a key)
   comm: CommState           # what the last application put on the wire
+  # With `stale=True`: the value this worker last sent, at the transport dtype (what
+  # its partners merge in the overlapped asynchronous replay); () otherwise.
+  snapshot: PyTree = ()
+
+
+def keep_snapshots(old: PyTree, new: PyTree) -> PyTree:
+  """`old` (a chain state) with the `GossipState.snapshot`s of `new`, nothing else:
+  a 'send' tick stores what is sent and moves no other state."""
+  is_gossip = lambda x: isinstance(x, GossipState)
+  return jax.tree.map(lambda o, n: o._replace(snapshot=n.snapshot) if is_gossip(o) else o,
+                      old, new, is_leaf=is_gossip)
 
 
 class Mixed(NamedTuple):
@@ -115,13 +126,18 @@ def _sparse_residual(x32, sent_x, plan, i, alive_all, size, axis_name):
   return residual, _gossip_state(sent, received, peers, size)
 
 
-def _dense_residual(x32, sent_x, w, i, alive_all, size, axis_name):
-  """This worker's row of W against the gathered trees (only the partner's if pairwise)."""
+def _dense_residual(x32, sent_x, w, i, alive_all, size, axis_name, partners=None):
+  """This worker's row of W against the gathered trees (only the partner's if pairwise).
+
+  With `partners` (this worker's snapshot), the other workers' snapshots are gathered
+  instead of their current values, and each merge counts one exchange both ways (S
+  sent, S received per partner): W's rows are the merging workers' alone.
+  """
   m = w.shape[0]
   ok = (jnp.arange(m) != i) & alive_all & alive_all[i]
   w_in = jnp.where(ok, w[i], 0.0).astype(jnp.float32)
-  w_out = jnp.where(ok, w[:, i], 0.0).astype(jnp.float32)
-  gathered = comm_axis.all_gather(sent_x, axis_name)
+  w_out = w_in if partners is not None else jnp.where(ok, w[:, i], 0.0).astype(jnp.float32)
+  gathered = comm_axis.all_gather(sent_x if partners is None else partners, axis_name)
   # W is shared by all workers, so this is one branch for all (a real cond under vmap).
   pairwise = jnp.all(jnp.sum((w != 0) & ~jnp.eye(m, dtype=bool), axis=1) <= 1)
 
@@ -153,7 +169,8 @@ def _path(topo: topology_lib.Topology, impl: str, context: WorkerContext | None)
 def mixing_step(x: PyTree, topo: topology_lib.Topology, *, step: float = 1.0,
                 context: WorkerContext | None = None, key: jax.Array | None = None,
                 dtype: str = 'float32', impl: str = 'auto',
-                axis_name: str = WORKERS) -> tuple[Mixed, CommState]:
+                axis_name: str = WORKERS,
+                partners: PyTree | None = None) -> tuple[Mixed, CommState]:
   """One gossip step on this worker's tree: `x_i - step (x_i - sum_j W_ij x_j)`.
 
   Args:
@@ -165,6 +182,9 @@ def mixing_step(x: PyTree, topo: topology_lib.Topology, *, step: float = 1.0,
     dtype: transport dtype of what neighbours receive.
     impl: 'auto', 'dense' or 'sparse' (see the module docstring).
     axis_name: the worker axis name.
+    partners: this worker's snapshot (what it sent): x_j is then read from the other
+      workers' snapshots, not their current trees (the overlapped asynchronous replay;
+      the tick's `mixing` is required).
 
   Returns:
     (the `Mixed` tree in float32, the `CommState` of this step).
@@ -177,6 +197,8 @@ def mixing_step(x: PyTree, topo: topology_lib.Topology, *, step: float = 1.0,
   x32, sent_x = _f32(x), optax.tree.cast(x, wire)
   size = float(tree_bytes(x, wire))
   path = _path(topo, impl, context)
+  if partners is not None and path != 'dense':
+    raise ValueError('gossip from snapshots needs the tick\'s mixing matrix (the dense path).')
   if path == 'mean':
     mean = worker_mean(sent_x, alive.astype(jnp.float32), axis_name)
     # Exactly the mean at step 1 (the all-reduce).
@@ -193,7 +215,7 @@ def mixing_step(x: PyTree, topo: topology_lib.Topology, *, step: float = 1.0,
     w = (context.mixing if context is not None and context.mixing is not None
          else jnp.asarray(topo.member_weights, jnp.float32)[choice])
     residual, comm = _dense_residual(x32, sent_x, jnp.asarray(w, jnp.float32), i,
-                                     alive_all, size, axis_name)
+                                     alive_all, size, axis_name, partners)
   else:
     branches = [functools.partial(_sparse_residual, plan=plan, i=i, alive_all=alive_all,
                                   size=size, axis_name=axis_name) for plan in topo.plans]
@@ -242,6 +264,7 @@ def _models_by_all_reduce(delta, theta, mix_deltas, alive, step, axis_name):
 def gossip(topology: str | topology_lib.Topology, mix: str = 'models', *,
            step_size: float = 1.0, dtype: str = 'float32', impl: str = 'auto',
            weights: str = 'metropolis', seed: int = 0, pairwise: bool = False,
+           stale: bool = False,
            axis_name: str = WORKERS) -> optax.GradientTransformationExtraArgs:
   """Gossip over a graph: `x_i <- x_i + step_size (sum_j W_ij x_j - x_i)`.
 
@@ -271,6 +294,10 @@ def gossip(topology: str | topology_lib.Topology, mix: str = 'models', *,
       carries no key.
     pairwise: use one random matching of the graph per round
       (`topology.pairwise_family`).
+    stale: keep a snapshot of what this worker sends (`GossipState.snapshot`), for the
+      overlapped asynchronous replay: a tick whose context says `snapshot='send'`
+      stores the mixed value, one that says 'merge' mixes this worker's current value
+      with its partners' snapshots (their models as they were when sent).
     axis_name: the worker axis name.
 
   Returns:
@@ -285,7 +312,7 @@ def gossip(topology: str | topology_lib.Topology, mix: str = 'models', *,
     raise ConfigError(f'algorithm.mix must be one of {", ".join(MIXES)}, got {mix!r}.')
   if not 0.0 < step_size <= 1.0:
     raise ConfigError(f'algorithm.gossip_step must be in (0, 1], got {step_size}.')
-  _check(impl, dtype)
+  wire = _check(impl, dtype)
   topology_lib.check_spec(topology, weights)
   gamma = float(step_size)
 
@@ -294,19 +321,34 @@ def gossip(topology: str | topology_lib.Topology, mix: str = 'models', *,
                                          seed=seed, pairwise=pairwise)
 
   def init(params):
-    del params
     if static_num_workers(axis_name) is not None:
       resolve()            # a topology that does not fit M fails at init
-    return GossipState(jnp.zeros((), jnp.int32), empty_comm_state(axis_name=axis_name))
+    snapshot = optax.tree.cast(optax.tree.zeros_like(params), wire) if stale else ()
+    return GossipState(jnp.zeros((), jnp.int32), empty_comm_state(axis_name=axis_name),
+                       snapshot)
+
+  def value(updates, params):
+    """What this worker mixes (and sends)."""
+    if mix == 'deltas':
+      return updates
+    if mix == 'params':
+      return params
+    return optax.tree.sub(_f32(params), _f32(updates))
 
   def update(updates, state, params=None, *, context: WorkerContext | None = None, **extra):
     del extra
     topo = resolve()
     if mix != 'deltas' and params is None:
       raise ValueError(f"gossip(mix={mix!r}) needs params (the anchor or the model).")
+    phase = None if context is None else context.snapshot
+    if phase is not None and not stale:
+      raise ValueError('the overlapped asynchronous replay needs gossip(..., stale=True).')
+    if phase == 'send':
+      return updates, state._replace(snapshot=optax.tree.cast(value(updates, params), wire))
     key = round_key(context, seed, state.count) if topo.is_random else None
     mix_step = functools.partial(mixing_step, topo=topo, step=gamma, context=context,
-                                 key=key, dtype=dtype, impl=impl, axis_name=axis_name)
+                                 key=key, dtype=dtype, impl=impl, axis_name=axis_name,
+                                 partners=state.snapshot if phase == 'merge' else None)
     if mix == 'deltas':
       mixed, comm = mix_step(updates)
       out = mixed.new
@@ -319,6 +361,7 @@ def gossip(topology: str | topology_lib.Topology, mix: str = 'models', *,
     else:   # theta - (phi + moved) = delta - moved
       mixed, comm = mix_step(optax.tree.sub(_f32(params), _f32(updates)))
       out = optax.tree.sub(_f32(updates), mixed.moved)
-    return optax.tree.cast_like(out, updates), GossipState(state.count + 1, comm)
+    return optax.tree.cast_like(out, updates), GossipState(state.count + 1, comm,
+                                                           state.snapshot)
 
   return optax.GradientTransformationExtraArgs(init, update)

@@ -80,7 +80,11 @@ def get_config() -> config_dict.ConfigDict:
   #                                        | slow_links | stragglers | churn | custom
   c.network.mode = placeholder(str)      # sync | async (gasloc, noloco: replayed pairwise gossip)
   c.network.local_work = placeholder(str)  # async: steps (H each) | time (H_i from each speed)
+  #   | auto (H_i from speed and link: T = H min_i c_i + min_i x_i, H_i = clamp(floor((T - x_i)
+  #   / c_i), 1, H); c_i step seconds, x_i exchange seconds over i's median neighbour link)
   c.network.peer_choice = placeholder(str)  # async: ready (any waiting neighbour) | sampled (a random one, waited for)
+  #   | rotation (exchange r with the partner of matching r mod k of an edge colouring:
+  #   every neighbour once in every k own rounds; k = M - 1 on the complete graph, M even)
   c.network.step_seconds = placeholder(float)  # seconds per inner step; None: FLOPs / (device_flops x mfu)
   c.network.device_flops = placeholder(float)  # a worker's peak FLOP/s (100e12)
   c.network.mfu = placeholder(float)           # fraction of the peak a step reaches (0.4)
@@ -101,9 +105,12 @@ def get_config() -> config_dict.ConfigDict:
   c.network.dropout = placeholder(float)       # probability a worker drops out of a round
   c.network.dropout_mode = placeholder(str)    # keep_local (default: an absent worker keeps its state, catches up at its next sync; the DiLoCo paper's) | discard (it adopts the others' result, its round is lost)
   c.network.seed = placeholder(int)            # random links, stragglers, dropout, async peers
-  c.network.overlap = placeholder(str)         # sync clock: none (a collective starts after the
-  #   step's compute) | backward (it overlaps the step's backward pass per layer, as
-  #   loco.utilization models it, arXiv 2501.18512 section 3.1; tau > 0 fragments as none)
+  c.network.overlap = placeholder(str)         # what communication overlaps. sync (the clock):
+  #   none (default; a collective starts after the step's compute) | backward (it overlaps
+  #   the step's backward pass per layer, as loco.utilization models it, arXiv 2501.18512
+  #   section 3.1; tau > 0 fragments as none). async: compute (default; a worker keeps
+  #   computing while its exchange is in flight and merges the partner's stale model on
+  #   arrival, arXiv 2606.11081) | none (it waits for the exchange)
   c.network.overlap_buckets = placeholder(int)  # backward: pieces a collective is cut into,
   #   each paying the ring's latency (128, loco.utilization's K; 1: as none)
 
