@@ -49,11 +49,12 @@ def make_timeline(exp: Experiment, algorithm: Algorithm) -> timeline_lib.Timelin
   """The run's simulated clock (None without a network config)."""
   r = exp.run
   return timeline_lib.make_timeline(
-      exp.network, num_workers=r.num_workers, steps=r.steps, algorithm=algorithm, name=exp.algorithm_name,
+      exp.network, num_workers=r.num_workers, steps=r.steps, algorithm=algorithm,
+      name=exp.algorithm_name,
       flops_per_token=model_lib.flops_per_token(exp.model, r.seq_len),
       tokens_per_step=r.batch_per_worker * r.seq_len,
       model_bytes=4 * model_lib.param_count(exp.model),
-      params=model_lib._abstract_params(exp.model))
+      params=model_lib.abstract_params(exp.model))
 
 
 class Ledger:

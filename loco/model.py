@@ -422,7 +422,7 @@ def _log_z_and_target(cfg, graphdef, params, batch_BxLp1):
 
 
 @functools.cache
-def _abstract_params(cfg: ModelConfig) -> PyTree:
+def abstract_params(cfg: ModelConfig) -> PyTree:
   _, params = jax.eval_shape(
       functools.partial(init_params, cfg), jax.random.key(0))
   return params
@@ -441,7 +441,7 @@ def param_count(cfg: ModelConfig, *, non_embedding: bool = False) -> int:
     The number of scalar parameters.
   """
   total = sum(math.prod(leaf.shape)
-              for leaf in jax.tree.leaves(_abstract_params(cfg)))
+              for leaf in jax.tree.leaves(abstract_params(cfg)))
   if non_embedding:
     total -= cfg.vocab_size * cfg.d_model
   return total

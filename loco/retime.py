@@ -65,9 +65,9 @@ def check_name(name: Any) -> None:
 def default_name(cfg: network_lib.NetworkConfig) -> str:
   """A re-timing's directory name when none is given: the profile, and the overlap
   model unless it is 'none' (so re-timings with and without it sit side by side)."""
-  if cfg.overlap == 'none':
+  if cfg.clock_overlap == 'none':
     return cfg.profile
-  name = f'{cfg.profile}+{cfg.overlap}'
+  name = f'{cfg.profile}+{cfg.clock_overlap}'
   return name if cfg.overlap_buckets == utilization_lib.BUCKETS else f'{name},buckets={cfg.overlap_buckets}'
 
 
@@ -141,7 +141,7 @@ def retime(workdir: str, overrides: Mapping[str, Any], name: str | None = None) 
   net = network_lib.make_network(cfg, num_workers, seconds)
   steps = {r['step'] for r in rows}
   clocks = {step: timeline_lib.clock_metrics(clock.seconds, clock.now, clock.compute)
-            for step, clock in commlog.replay(net, log, max(steps), cfg.overlap,
+            for step, clock in commlog.replay(net, log, max(steps), cfg.clock_overlap,
                                                cfg.overlap_buckets)
             if step in steps}
   retimed = [{**r, **clocks[r['step']]} for r in rows]

@@ -165,16 +165,15 @@ def local_steps_per_round(net: Network, sync_every: int, local_work: str, *,
 
   - 'steps': H for every worker.
   - 'time': the steps that fit in H mean step times, `floor(H mean(c) / c_i)`.
-  - 'auto': rounds of about equal wall time from each worker's step time c_i AND its
-    link: with x_i its exchange time over its median neighbour link
-    (`exchange_seconds`), the target round time is `T = H min_i c_i + min_i x_i` (the
-    round of the best-placed worker), and `H_i = clamp(floor((T - x_i) / c_i), 1, H)`:
-    a slow worker, or one behind slow links, takes fewer steps between exchanges
-    (GASLoC's per-worker H_i, arXiv 2606.11081). Every worker still takes all its
-    steps, so a worker whose link alone outlasts T (x_i >= T) gets H_i = 1 and
-    exchanges after every step: on tiny_hetero's 100x slower links (overlapped) the
-    run takes 8x ('rotation') to 46x ('ready') the simulated time of 'steps'; there
-    'steps' or 'time' fit better.
+  - 'auto': from each worker's step time c_i AND its link, so that no worker waits: with
+    x_i its exchange time over its median neighbour link (`exchange_seconds`),
+    `H_i = max(floor(H min_j c_j / c_i), ceil(x_i / c_i), 1)`. A round lasts about the
+    fastest worker's H steps for every worker whose exchange fits in that (a slower
+    worker takes fewer steps), and a worker whose exchange takes longer fills its own
+    longer round with steps, so the exchange, in flight while it computes
+    (`overlap='compute'`), hides behind them: workers behind slow links exchange less
+    often instead of waiting (GASLoC's per-worker H_i, arXiv 2606.11081). Every worker
+    still takes all its steps.
 
   Args:
     net: the network.
@@ -194,8 +193,9 @@ def local_steps_per_round(net: Network, sync_every: int, local_work: str, *,
     return np.maximum(1, np.floor(budget / c + 1e-9)).astype(int)
   peers = ~np.eye(net.num_workers, dtype=bool) if peers is None else np.asarray(peers, bool)
   x = exchange_seconds(net, peers, exchange_bytes)
-  target = sync_every * c.min() + x.min()
-  return np.clip(np.floor((target - x) / c + 1e-9), 1, sync_every).astype(int)
+  fit = np.floor(sync_every * c.min() / c + 1e-9)       # equal wall time, H at the fastest
+  hide = np.ceil(x / c - 1e-9)                          # long enough to hide the exchange
+  return np.maximum(np.maximum(fit, hide), 1).astype(int)
 
 
 def rotation(peers: np.ndarray, seed: int = 0) -> np.ndarray:

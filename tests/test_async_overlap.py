@@ -146,18 +146,25 @@ def test_rotation_bounds_the_rounds_between_a_pair_and_mixes_slow_links():
 
 def test_auto_local_steps_follow_speed_and_links():
   # Worker 2 computes at 2 s a step, worker 3's links take 10 s (the others' 1 s):
-  # x = (1, 1, 1, 10) (median link), T = 6 x 1 + 1 = 7, H_i = floor((7 - x_i) / c_i).
+  # x = (1, 1, 1, 10) (median link); H_i = max(floor(6 x 1 / c_i), ceil(x_i / c_i)):
+  # worker 2 takes 3 steps (its round lasts the others' 6 s), worker 3 takes 10 (its
+  # 10 s exchange hides behind 10 s of compute).
   bandwidth = np.full((4, 4), 100.0)
   bandwidth[3, :] = bandwidth[:, 3] = 10.0
   net = _net([1.0, 1.0, 2.0, 1.0], bandwidth)
   np.testing.assert_allclose(schedule_lib.exchange_seconds(net, COMPLETE4, 100.0),
                              [1.0, 1.0, 1.0, 10.0])
   np.testing.assert_array_equal(schedule_lib.local_steps_per_round(
-      net, 6, 'auto', peers=COMPLETE4, exchange_bytes=100.0), [6, 6, 3, 1])
-  sched = schedule_lib.simulate_async(net, steps=12, sync_every=6, peers=COMPLETE4,
+      net, 6, 'auto', peers=COMPLETE4, exchange_bytes=100.0), [6, 6, 3, 10])
+  sched = schedule_lib.simulate_async(net, steps=30, sync_every=6, peers=COMPLETE4,
                                       exchange_bytes=100.0, local_work='auto',
                                       overlap='compute')
-  np.testing.assert_array_equal(sched.active.sum(0), 12)
+  np.testing.assert_array_equal(sched.active.sum(0), 30)
+  # Worker 3 sends after each 10 steps (10, 20, 30 s at 1 s a step); each exchange takes
+  # its 10 s link, in flight while it takes its next 10 steps (it merges 10 steps stale).
+  mine = [k for k, e in enumerate(sched.exchanges) if 3 in e[:2]]
+  assert [sched.exchanges[k][2:] for k in mine] == [(10.0, 20.0), (20.0, 30.0), (30.0, 40.0)]
+  assert [int(sched.staleness[k][1]) for k in mine[:2]] == [10, 10]
 
 
 def test_bad_new_config_values_are_one_line_errors():
@@ -166,12 +173,19 @@ def test_bad_new_config_values_are_one_line_errors():
     with pytest.raises(ConfigError) as err:
       net_lib.parse_network(dict(profile='homogeneous', mode='async', **{key: value}))
     assert str(err.value).startswith(f'network.{key} must be one of') and '\n' not in str(err.value)
-  assert "'compute'" in str(pytest.raises(ConfigError, net_lib.parse_network,
-                                          dict(profile='homogeneous', overlap='x')).value)
-  cfg = net_lib.parse_network(dict(profile='homogeneous', overlap='compute'))
+  # One key, per mode: the synchronous clock's overlaps, the asynchronous replay's.
+  sync_error = str(pytest.raises(ConfigError, net_lib.parse_network,
+                                 dict(profile='homogeneous', overlap='compute')).value)
+  assert sync_error == ("network.overlap must be one of ('none', 'backward') with "
+                        "network.mode='sync', got 'compute'.")
+  async_error = str(pytest.raises(ConfigError, net_lib.parse_network,
+                                  dict(profile='homogeneous', mode='async',
+                                       overlap='backward')).value)
+  assert "('compute', 'none')" in async_error and '\n' not in async_error
+  cfg = net_lib.parse_network(dict(profile='homogeneous', local_work='auto'))
   alg = algorithms.make('gasloc', optax.sgd(0.1), sync_every=2)
   with pytest.raises(ConfigError, match="apply to network.mode='async'") as err:
-    timeline_lib.make_timeline(cfg, num_workers=4, steps=4, round_steps=2, algorithm=alg,
+    timeline_lib.make_timeline(cfg, num_workers=4, steps=4, algorithm=alg,
                                name='gasloc', flops_per_token=1.0, tokens_per_step=1,
                                model_bytes=20)
   assert '\n' not in str(err.value)
@@ -262,7 +276,7 @@ def test_replay_bytes_per_exchange_equal_the_engines(name, kwargs, overlap):
   if overlap == 'compute':
     alg = alg.replay.overlapped()
   timeline = timeline_lib.make_timeline(
-      cfg, num_workers=4, steps=4, round_steps=2, algorithm=alg, name=name,
+      cfg, num_workers=4, steps=4, algorithm=alg, name=name,
       flops_per_token=1.0, tokens_per_step=1, model_bytes=4 * 11,
       params=jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params))
   itemsize = 2 if kwargs.get('transport_dtype') == 'bfloat16' else 4

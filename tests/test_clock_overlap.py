@@ -144,13 +144,14 @@ def test_one_piece_is_none_again_and_fewer_pieces_pay_less_latency():
 
 def test_a_bad_overlap_is_a_config_error():
   with pytest.raises(ConfigError, match=r"network.overlap must be one of \('none', "
-                     r"'backward'\), got 'forward'"):
+                     r"'backward'\) with network.mode='sync', got 'forward'"):
     net_lib.NetworkConfig(profile='homogeneous', overlap='forward')
   with pytest.raises(ConfigError, match='network.overlap must be one of'):
     net_lib.Clock(_net([1.0, 1.0], 1.0), overlap='layer')
-  with pytest.raises(ConfigError, match="network.overlap='backward' applies to network.mode="):
+  with pytest.raises(ConfigError, match=r"network.overlap must be one of \('compute', "
+                     r"'none'\) with network.mode='async', got 'backward'"):
     net_lib.parse_network(dict(profile='homogeneous', mode='async', overlap='backward'))
-  assert net_lib.parse_network(dict(profile='homogeneous', overlap=None)).overlap == 'none'
+  assert net_lib.parse_network(dict(profile='homogeneous', overlap=None)).clock_overlap == 'none'
   with pytest.raises(ConfigError, match='network.overlap_buckets must be >= 1, got 0'):
     net_lib.parse_network(dict(profile='homogeneous', overlap='backward', overlap_buckets=0))
   with pytest.raises(ConfigError, match="overlap_buckets is read only with network.overlap="):

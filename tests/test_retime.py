@@ -191,7 +191,8 @@ def test_the_overlap_model_hides_communication_behind_the_backward_pass(runs, tm
   shutil.rmtree(os.path.join(workdir, 'retimed'))
   assert _error(capsys, workdir, '--network.profile=homogeneous',
                 '--network.overlap=forward') == (
-      "network.overlap must be one of ('none', 'backward'), got 'forward'.")
+      "network.overlap must be one of ('none', 'backward') with network.mode='sync', "
+      "got 'forward'.")
   assert _error(capsys, workdir, '--network.profile=homogeneous',
                 '--network.overlap=1').startswith('network.overlap must be one of')
   assert _error(capsys, workdir, '--network.profile=homogeneous', '--network.overlap=backward',
@@ -252,8 +253,8 @@ def test_bad_input_is_one_line(runs, tmp_path, capsys):
                 '--network.bandwidth_matrix=[[0,1],[1,0]]') == (
       'the bandwidth matrix must be 4 x 4 (num_workers), got shape (2, 2).')
   assert _error(capsys, workdir, '--network.profile=homogeneous', '--network.mode=async') == (
-      'network.mode, local_work, peer_choice and overlap belong to the asynchronous mode, '
-      'which cannot be re-timed.')
+      'network.mode, local_work, peer_choice and overlap=compute belong to the asynchronous '
+      'mode, which cannot be re-timed.')
   assert _error(capsys, workdir, '--network.profile=homogeneous',
                 '--network.dropout=0.1').startswith(
       "network.dropout=0.1 differs from the run's 0.4: it decided which work")
