@@ -81,9 +81,8 @@ class Timeline:
           peer_choice=cfg.peer_choice, overlap=overlap, seed=cfg.seed)
       self.num_ticks = self.schedule.num_ticks
       return
-    if cfg.local_work != 'steps' or cfg.peer_choice != 'ready':
-      raise ConfigError("network.local_work and network.peer_choice apply to "
-                        "network.mode='async'.")
+    if cfg.peer_choice != 'ready':
+      raise ConfigError("network.peer_choice applies to network.mode='async'.")
     self.num_ticks = steps
     if (cfg.dropout or cfg.churn) and cfg.dropout_mode == 'keep_local' and not (
         algorithm.keeps_local):
@@ -93,6 +92,13 @@ class Timeline:
                         f"'discard' (or algorithm.overlap_steps=0).")
     self.local_steps = (None if algorithm.local_steps is None
                         else np.asarray(algorithm.local_steps))
+    if cfg.local_work != 'steps':     # H_i from the network, within each round of H
+      if self.local_steps is not None or round_steps <= 1:
+        raise ConfigError(f"network.local_work={cfg.local_work!r} derives each worker's "
+                          "local steps in rounds of several steps; it needs an algorithm "
+                          "with rounds and no algorithm.local_steps.")
+      self.local_steps = np.minimum(schedule_lib.local_steps_per_round(
+          net, round_steps, cfg.local_work), round_steps)
     self.sync = schedule_lib.SyncSchedule(
         num_workers, round_steps=round_steps, dropout=cfg.dropout, churn=cfg.churn,
         seed=cfg.seed, dropout_mode=cfg.dropout_mode)

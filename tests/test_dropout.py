@@ -272,3 +272,38 @@ def test_keep_local_on_a_mesh_equals_one_device():
   for a, b in zip(jax.tree.leaves((got.params, got.anchor)),
                   jax.tree.leaves((want.params, want.anchor))):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_derived_local_steps_in_synchronous_rounds():
+  """network.local_work='auto' in the synchronous mode: H_i = floor(H min c / c_i), so a
+  worker 2x (4x) slower steps 3 (1) of a round of 6 and the round's wall time is about
+  the fastest worker's; the clock charges the rest as idle, not compute."""
+  alg = diloco(optax.sgd(0.1), sync_every=6)
+  cfg = network_lib.parse_network(dict(profile='homogeneous', step_seconds=1.0,
+                                       speeds=[1.0, 0.5, 0.25, 1.0], local_work='auto',
+                                       bandwidth=1e15, latency=0.0))
+  tl = timeline_lib.make_timeline(cfg, num_workers=4, steps=12, algorithm=alg, name='d',
+                                  flops_per_token=1.0, tokens_per_step=1, model_bytes=4)
+  np.testing.assert_array_equal(tl.local_steps, [6, 3, 1, 6])
+  np.testing.assert_array_equal(tl.active(0, 12).sum(axis=0), [12, 6, 2, 12])
+  # Two rounds on an instant network: every worker spends 6 s computing per round
+  # (6 x 1 s, 3 x 2 s, 1 x 4 s) and waits for nobody.
+  from loco.engine import StepInfo
+  m = 4
+  zeros = np.zeros((12, m))
+  info = StepInfo(bytes_sent=zeros, bytes_received=zeros, comms=zeros.astype(int),
+                  synced=np.zeros(12, bool), kind=zeros.astype(int), payload=zeros,
+                  peers=np.zeros((12, m, m), bool))
+  tl.advance(0, info)
+  metrics = tl.metrics(12)
+  assert metrics['sim_seconds'] == pytest.approx(12.0)
+  assert metrics['idle_seconds'] == [0.0, 0.0, 0.0, 0.0]
+  with pytest.raises(ConfigError, match='needs an algorithm with rounds'):
+    timeline_lib.make_timeline(cfg, num_workers=4, steps=12, name='ddp',
+                               algorithm=algorithms_make('ddp'), flops_per_token=1.0,
+                               tokens_per_step=1, model_bytes=4)
+
+
+def algorithms_make(name, **kwargs):
+  from loco import algorithms
+  return algorithms.make(name, optax.sgd(0.1), **kwargs)

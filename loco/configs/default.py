@@ -79,9 +79,12 @@ def get_config() -> config_dict.ConfigDict:
   c.network.profile = placeholder(str)   # None: no clock | homogeneous | multi_region | lognormal
   #                                        | slow_links | stragglers | churn | custom
   c.network.mode = placeholder(str)      # sync | async (gasloc, noloco: replayed pairwise gossip)
-  c.network.local_work = placeholder(str)  # async: steps (H each) | time (H_i from each speed)
-  #   | auto (H_i from speed and link: T = H min_i c_i + min_i x_i, H_i = clamp(floor((T - x_i)
-  #   / c_i), 1, H); c_i step seconds, x_i exchange seconds over i's median neighbour link)
+  c.network.local_work = placeholder(str)  # each worker's local steps H_i per round: steps (H
+  #   each, or algorithm.local_steps) | time (floor(H mean_j c_j / c_i)) | auto (max(floor(H
+  #   min_j c_j / c_i), ceil(x_i / c_i)): rounds of the fastest worker's H steps, and long
+  #   enough to hide the worker's exchange; c_i step seconds, x_i exchange seconds over i's
+  #   median neighbour link). sync: at most H, the rest of the round idle (the clock
+  #   charges it as idle); async: rounds of H_i steps between a worker's exchanges
   c.network.peer_choice = placeholder(str)  # async: ready (any waiting neighbour) | sampled (a random one, waited for)
   #   | rotation (exchange r with the partner of matching r mod k of an edge colouring:
   #   every neighbour once in every k own rounds; k = M - 1 on the complete graph, M even)
