@@ -128,16 +128,20 @@ BASELINES_H1 = ('dadamw', 'adpsgd', 'a2cid2', 'noloco_h1')
 GRAPHS = ('ring', 'exponential')
 
 
+DROPOUT_MODES = (('keep', 'keep_local'), ('offline', 'offline'), ('drop', 'discard'))
+
+
 def finals() -> list[Final]:
   out = [Final(m, m) for m in ('ddp', 'diloco_nesterov', 'diloco_sgd', 'streaming',
                                'sparseloco', 'gasloc', 'gasloc_pp')]
-  # Dropout two ways: keep_local (the paper's dropped outer gradients: the worker keeps
-  # training from its own parameters and catches up at its next sync) and discard (it
-  # adopts the others' anchor; its round is lost).
+  # Dropout three ways: keep_local (the paper's dropped outer gradients: not sent; the
+  # worker receives the new anchor and trains on from its own parameters), offline (cut
+  # off: it catches up at its next sync) and discard (it adopts the others' anchor; its
+  # round is lost).
   out += [Final(f'diloco_nesterov_{name}{p}', 'diloco_nesterov',
                 {'network.profile': 'homogeneous', 'network.dropout': p / 100,
                  'network.dropout_mode': mode})
-          for name, mode in (('keep', 'keep_local'), ('drop', 'discard')) for p in (25, 50)]
+          for name, mode in DROPOUT_MODES for p in (25, 50)]
   out.append(Final('diloco_nesterov_e3m0', 'diloco_nesterov',
                    {'algorithm.compression': 'e3m0'}))
   # Each worker waits for a random peer instead of taking whoever is ready (the 'ready'
@@ -256,13 +260,15 @@ CLAIMS = (
           lambda _: [Test('diloco_nesterov', 'diloco_sgd')]),
     Claim(3, 'DiLoCo degrades gracefully when workers drop out (25 / 50%): at most the '
           'paper\'s +2.1% perplexity at 50%.', '2311.08105, Fig. 8',
-          'The paper drops outer gradients: the worker keeps training from its own '
-          'parameters (keep_local, tested here: it rejoins at its next sync with its '
-          'pseudo-gradient against its own anchor and copies the current anchor and outer '
-          'momentum). Beside it, not tested, discard: the dropped worker adopts the anchor '
-          f'and its round is lost. {HERE}.',
-          ('diloco_nesterov', 'diloco_nesterov_keep25', 'diloco_nesterov_keep50',
-           'diloco_nesterov_drop25', 'diloco_nesterov_drop50'),
+          'The paper drops outer gradients: the dropped worker\'s pseudo-gradient is not '
+          'sent and it keeps training from its own parameters (keep_local, tested here: it '
+          'receives the new anchor, so its next pseudo-gradient is taken against it). '
+          'Beside it, not tested: offline (the worker is cut off, sends and receives '
+          'nothing, and at its next sync sends its pseudo-gradient against its stale anchor '
+          'and copies the current anchor and momentum) and discard (it adopts the anchor; '
+          f'its round is lost). {HERE}.',
+          ('diloco_nesterov',) + tuple(f'diloco_nesterov_{name}{p}'
+                                       for name, _ in DROPOUT_MODES for p in (25, 50)),
           lambda _: [Test('diloco_nesterov_keep25', 'diloco_nesterov', DROPOUT_50),
                      Test('diloco_nesterov_keep50', 'diloco_nesterov', DROPOUT_50)]),
     Claim(4, 'Streaming DiLoCo (P = 2 fragments, tau = 1) matches DiLoCo\'s loss with a '

@@ -47,15 +47,18 @@ class StepContext(NamedTuple):
       step this tick (the asynchronous replay: only the workers of this tick's
       exchanges); see `sync_plan.Schedule.syncing`.
     key: a PRNG key for this tick (random matchings, stochastic rounding).
-    keep: [M] bool, absent workers that keep their own state at a sync (keep-local
-      dropout, `network.dropout_mode='keep_local'`): an absent worker with `keep`
-      neither sends nor receives and keeps its params, inner state, anchor and outer
-      state; without it (None, or False) it downloads what the others agreed on and
-      adopts it (`'discard'`).
-    rejoin: [M] bool, workers whose anchor and outer state are stale because they kept
-      their own state at an earlier sync: at this tick's sync such a worker, if alive,
-      sends its pseudo-gradient against its own anchor like the others, then copies
-      the anchor, outer state and merge state of an up-to-date worker (the lowest-index
+    keep: [M] bool, absent workers that keep their own params at a sync (keep-local
+      dropout, `network.dropout_mode='keep_local'` or `'offline'`): an absent worker
+      with `keep` does not merge the outer step into its params and goes on from its
+      own; without it (None, or False) it adopts what the others agreed on
+      (`'discard'`).
+    isolate: [M] bool, absent workers that are cut off at a sync (`'offline'`): they
+      neither send nor receive and keep their anchor, outer state and merge state too
+      (stale until `rejoin`); without it an absent worker downloads the result.
+    rejoin: [M] bool, workers whose anchor and outer state are stale because they were
+      isolated at an earlier sync: at this tick's sync such a worker, if alive, sends
+      its pseudo-gradient against its own anchor like the others, then copies the
+      anchor, outer state and merge state of an up-to-date worker (the lowest-index
       alive worker that is not rejoining), whose bytes are counted: the sender sends
       them, the rejoining worker receives them. Read by algorithms whose anchors are
       shared (`local_updates(..., shared_anchor=True)`).
@@ -72,6 +75,7 @@ class StepContext(NamedTuple):
   sync: jax.Array | None = None
   key: jax.Array | None = None
   keep: jax.Array | None = None
+  isolate: jax.Array | None = None
   rejoin: jax.Array | None = None
   send: jax.Array | None = None
 
@@ -386,14 +390,16 @@ def local_updates(
 
     schedule = plan.schedule(params, merge.delay)
     syncing, who = schedule.syncing(s, ctx.sync)
-    adopt = jnp.ones((num_workers,), bool)
-    if ctx.keep is not None:      # keep-local dropout: absent workers keep their state
+    adopt, keep_params = jnp.ones((num_workers,), bool), None
+    if ctx.keep is not None:      # keep-local dropout: absent workers keep their params
       if merge.delay:
         raise ConfigError('keep-local dropout needs a merge at the sync itself '
                           '(overlap_steps=0); use dropout_mode discard.')
-      adopt = ~jnp.asarray(ctx.keep, bool)
-      kept = alive | adopt
-      who = kept if who is None else who & kept
+      keep_params = ~alive & jnp.asarray(ctx.keep, bool)
+      if ctx.isolate is not None:   # ... and, cut off, their whole state
+        adopt = ~jnp.asarray(ctx.isolate, bool)
+        kept = alive | adopt
+        who = kept if who is None else who & kept
     rejoin = (None if ctx.rejoin is None or not shared_anchor
               else jnp.asarray(ctx.rejoin, bool))
     p_leaves, treedef = jax.tree.flatten(params)
@@ -421,6 +427,9 @@ def local_updates(
         if who is not None:     # workers that sit this sync out keep their state
           new, wire = vmap(lambda w, n, o, x: (optax.tree.where(w, n, o), x.where(w)), 0)(
               who, new, ops, wire)
+        if keep_params is not None:   # absent workers go on from their own params
+          new = (vmap(lambda k, n, o: optax.tree.where(k, o, n), 0)(keep_params, new[0], ops[0]),
+                 *new[1:])
         return new, wire
 
       operands = (pick(p_leaves), pick(a_leaves), outer_states[f], tuple(map(pick, m_leaves)))

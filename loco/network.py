@@ -45,7 +45,7 @@ PROFILES = ('homogeneous', 'multi_region', 'lognormal', 'slow_links', 'straggler
 MODES = ('sync', 'async')
 LOCAL_WORK = ('steps', 'time', 'auto')
 PEER_CHOICES = ('ready', 'sampled', 'rotation')
-DROPOUT_MODES = ('keep_local', 'discard')   # loco.schedule.SyncSchedule documents them
+DROPOUT_MODES = ('keep_local', 'offline', 'discard')   # loco.schedule.SyncSchedule documents them
 # What communication overlaps, per mode (the first is the mode's default).
 OVERLAPS = {'sync': ('none', 'backward'), 'async': ('compute', 'none')}
 

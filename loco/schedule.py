@@ -6,9 +6,10 @@ of `StepContext` arrays:
 
 - `SyncSchedule`: synchronous runs with workers that drop out of rounds at random
   or leave and rejoin (churn: absent workers neither step nor take part). At a sync an
-  absent worker either keeps its own state and catches up at its next sync
-  ('keep_local', the DiLoCo paper's dropped outer gradients) or adopts what the others
-  agreed on, losing its round's work ('discard').
+  absent worker keeps its own params and receives the new anchor ('keep_local', the
+  DiLoCo paper's dropped outer gradients), is cut off and catches up at its next sync
+  ('offline'), or adopts what the others agreed on, losing its round's work
+  ('discard').
 - `simulate_async`: asynchronous pairwise gossip (GASLoC-style rounds). Each worker
   computes its local steps at its own speed; when it is done it exchanges with a
   ready peer (a neighbour in the topology, sampled at random), or waits for one; the
@@ -50,11 +51,14 @@ class SyncSchedule:
     seed: seeds the dropout draws (one generator per round: resuming is exact).
     dropout_mode: what an absent worker does at a sync (`DROPOUT_MODES`):
       'keep_local' (the DiLoCo paper's dropped outer gradients, arXiv 2311.08105 Fig.
-      8): it sends nothing, receives nothing and keeps its params, inner state, anchor
-      and outer state; at its next sync it sends its pseudo-gradient against its own
-      (stale) anchor and then copies an up-to-date worker's anchor and outer state
-      (`StepContext.rejoin`). 'discard': it downloads what the others agreed on and
-      adopts it, so its round's local steps are lost.
+      8, as its simulation computes them): its pseudo-gradient is not sent and the
+      outer step averages the senders; it receives the new anchor and outer state but
+      keeps its own params and goes on training from them, so its next pseudo-gradient
+      is taken against the current anchor. 'offline' (a worker cut off for the round):
+      it sends and receives nothing and keeps its whole state; at its next sync it sends
+      its pseudo-gradient against its own (stale) anchor and then copies an up-to-date
+      worker's anchor and outer state (`StepContext.rejoin`). 'discard': it downloads
+      what the others agreed on and adopts it, so its round's local steps are lost.
   """
   num_workers: int
   round_steps: int = 1
@@ -80,26 +84,31 @@ class SyncSchedule:
         alive[t] &= self._round_alive(step // self.round_steps)
     return present, alive
 
-  def keep_rejoin(self, start: int, count: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """With 'keep_local': (keep, rejoin), each [count, M] bool (`StepContext`), for
-    steps start .. start + count - 1; None with 'discard'.
+  def dropout_masks(self, start: int, count: int
+                    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None] | None:
+    """(keep, isolate, rejoin) of `StepContext`, each [count, M] bool or None, for steps
+    start .. start + count - 1 under `dropout_mode`; None with 'discard'.
 
-    A worker is stale after a round whose sync (the round's last step) it missed, and
-    until the end of a round whose sync it is alive for; `rejoin` is alive and stale.
+    'offline': a worker is stale after a round whose sync (the round's last step) it
+    missed, and until the end of a round whose sync it is alive for; `rejoin` is alive
+    and stale.
     """
     if self.dropout_mode == 'discard':
       return None
+    _, alive = self.masks(start, count)
+    keep = np.ones_like(alive)
+    if self.dropout_mode == 'keep_local':
+      return keep, None, None
     h = self.round_steps
     stale = np.zeros(self.num_workers, bool)
     for end in range(h - 1, start, h):            # the syncs before `start`
       stale = ~self.masks(end, 1)[1][0]
-    _, alive = self.masks(start, count)
     rejoin = np.zeros_like(alive)
     for t in range(count):
       rejoin[t] = alive[t] & stale
       if (start + t + 1) % h == 0:
         stale = ~alive[t]
-    return np.ones_like(alive), rejoin
+    return keep, keep, rejoin
 
   def _round_alive(self, round_index: int) -> np.ndarray:
     rng = np.random.default_rng([self.seed, int(round_index)])

@@ -84,11 +84,11 @@ class Timeline:
     if cfg.peer_choice != 'ready':
       raise ConfigError("network.peer_choice applies to network.mode='async'.")
     self.num_ticks = steps
-    if (cfg.dropout or cfg.churn) and cfg.dropout_mode == 'keep_local' and not (
+    if (cfg.dropout or cfg.churn) and cfg.dropout_mode != 'discard' and not (
         algorithm.keeps_local):
-      raise ConfigError(f"network.dropout_mode='keep_local' leaves an absent worker with "
-                        f"its own state, but algorithm {name!r} merges the outer step "
-                        f"tau > 0 steps after its sync; set network.dropout_mode="
+      raise ConfigError(f"network.dropout_mode={cfg.dropout_mode!r} leaves an absent "
+                        f"worker with its own params, but algorithm {name!r} merges the "
+                        f"outer step tau > 0 steps after its sync; set network.dropout_mode="
                         f"'discard' (or algorithm.overlap_steps=0).")
     self.local_steps = (None if algorithm.local_steps is None
                         else np.asarray(algorithm.local_steps))
@@ -118,9 +118,10 @@ class Timeline:
     if self.local_steps is not None:     # worker i steps in the first H_i of a round
       within = np.arange(start, start + count)[:, None] % self.sync.round_steps
       active = active & (within < self.local_steps[None, :])
-    keep, rejoin = ((None, None) if self.sync.trivial
-                    else self.sync.keep_rejoin(start, count) or (None, None))
-    return StepContext(active=active, alive=alive, keep=keep, rejoin=rejoin)
+    keep, isolate, rejoin = ((None, None, None) if self.sync.trivial
+                             else self.sync.dropout_masks(start, count) or (None,) * 3)
+    return StepContext(active=active, alive=alive, keep=keep, isolate=isolate,
+                       rejoin=rejoin)
 
   def active(self, start: int, count: int) -> np.ndarray:
     """[count, M] bool: workers that step at these ticks."""

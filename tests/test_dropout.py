@@ -1,10 +1,12 @@
-"""Dropout as the DiLoCo paper defines it (keep_local) beside loco's old one (discard).
+"""Dropout three ways, checked against a NumPy replay written from each definition.
 
-The engine's numbers are checked against a NumPy replay written from the definition:
-a worker absent at a sync sends and receives nothing and keeps its params, inner state,
-anchor and outer state; at its next sync it sends its pseudo-gradient against its own
-(stale) anchor, the outer step averages the senders, and it then copies an up-to-date
-worker's anchor and outer momentum (bytes counted).
+- keep_local (the DiLoCo paper's dropped outer gradients): an absent worker's
+  pseudo-gradient is not sent, the outer step averages the senders, and the absent
+  worker receives the new anchor and outer state but keeps its own params.
+- offline: an absent worker sends and receives nothing and keeps its whole state; at
+  its next sync it sends its pseudo-gradient against its own (stale) anchor, then copies
+  an up-to-date worker's anchor and outer momentum (bytes counted).
+- discard: an absent worker adopts the result; its round is lost.
 """
 
 import jax
@@ -37,28 +39,30 @@ def _algorithm():
   return local_updates(optax.sgd(INNER_LR), outer, H)
 
 
-def _run(alive_rounds, keep: bool):
+def _run(alive_rounds, mode: str):
   """Runs len(alive_rounds) rounds; alive_rounds[r] is the [M] alive mask of round r."""
   alg = _algorithm()
   state = alg.init(jnp.zeros((N,), jnp.float32), M, jax.random.key(0))
   step = jax.jit(alg.step)
   infos = []
   stale = np.zeros(M, bool)
-  for r, alive in enumerate(alive_rounds):
-    for k in range(H):
-      alive_np = np.asarray(alive, bool)
-      ctx = StepContext(active=np.ones(M, bool), alive=alive_np)
-      if keep:
-        ctx = ctx._replace(keep=np.ones(M, bool), rejoin=alive_np & stale)
+  ones = np.ones(M, bool)
+  for alive in alive_rounds:
+    alive_np = np.asarray(alive, bool)
+    for _ in range(H):
+      ctx = StepContext(active=ones, alive=alive_np)
+      if mode == 'keep_local':
+        ctx = ctx._replace(keep=ones)
+      elif mode == 'offline':
+        ctx = ctx._replace(keep=ones, isolate=ones, rejoin=alive_np & stale)
       state, info = step(state, _grads(state.params), ctx)
       infos.append(info)
-    if keep:
-      stale = ~np.asarray(alive, bool)
+    stale = ~alive_np
   return state, infos
 
 
-def _numpy_replay(alive_rounds, keep: bool):
-  """The definition, in NumPy (float64)."""
+def _numpy_replay(alive_rounds, mode: str):
+  """The definitions, in NumPy (float64)."""
   x = np.zeros((M, N))                    # params
   anchor = np.zeros((M, N))
   mom = np.zeros((M, N))
@@ -70,25 +74,26 @@ def _numpy_replay(alive_rounds, keep: bool):
     mean = (anchor - x)[alive].mean(axis=0)       # the senders' pseudo-gradients
     new_mom = MU * mom + mean                     # each worker's own outer step
     new_anchor = anchor - OUTER_LR * (mean + MU * new_mom)    # Nesterov
-    if keep:
+    if mode == 'offline':
       source = np.flatnonzero(alive & ~stale)[0]   # the lowest up-to-date sender
       for i in np.flatnonzero(alive):
         anchor[i], mom[i] = new_anchor[source], new_mom[source]
         x[i] = anchor[i]
       stale = ~alive
-    else:                                          # everyone adopts the result
+    else:                          # everyone receives the result (anchors stay equal)
       anchor[:], mom[:] = new_anchor[0], new_mom[0]
-      x[:] = anchor
+      adopt = alive if mode == 'keep_local' else np.ones(M, bool)
+      x[adopt] = anchor[adopt]
   return x, anchor, mom
 
 
 ROUNDS = [(1, 1, 1), (1, 1, 0), (1, 0, 0), (1, 1, 1), (0, 1, 1)]
 
 
-@pytest.mark.parametrize('keep', [True, False])
-def test_engine_matches_the_definition(keep):
-  state, _ = _run(ROUNDS, keep)
-  x, anchor, mom = _numpy_replay(ROUNDS, keep)
+@pytest.mark.parametrize('mode', ['keep_local', 'offline', 'discard'])
+def test_engine_matches_the_definition(mode):
+  state, _ = _run(ROUNDS, mode)
+  x, anchor, mom = _numpy_replay(ROUNDS, mode)
   np.testing.assert_allclose(np.asarray(state.params), x, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(np.asarray(state.anchor), anchor, rtol=1e-5, atol=1e-6)
   momenta = [l for l in jax.tree.leaves(state.outer_state)
@@ -97,20 +102,24 @@ def test_engine_matches_the_definition(keep):
   np.testing.assert_allclose(np.asarray(momenta[0]), mom, rtol=1e-5, atol=1e-6)
 
 
-def test_keep_local_keeps_the_absent_workers_progress():
-  """Round 2 drops worker 2: with keep_local it ends the round on its own params (not the
-  anchor), and with discard on the anchor the others agreed on."""
-  kept, _ = _run(ROUNDS[:2], keep=True)
-  lost, _ = _run(ROUNDS[:2], keep=False)
-  kept, lost = np.asarray(kept.params), np.asarray(lost.params)
-  np.testing.assert_array_equal(lost[2], lost[0])            # adopted
-  assert np.abs(kept[2] - kept[0]).max() > 1e-3                 # its own
-  np.testing.assert_array_equal(kept[0], lost[0])   # the senders' average is the same
+def test_the_three_modes_differ_where_they_should():
+  """Round 2 drops worker 2: with keep_local and offline it ends the round on its own
+  params (not the anchor), with discard on the anchor the others agreed on; keep_local's
+  worker 2 holds the new anchor, offline's its old one."""
+  out = {mode: _run(ROUNDS[:2], mode)[0] for mode in ('keep_local', 'offline', 'discard')}
+  params = {k: np.asarray(v.params) for k, v in out.items()}
+  anchors = {k: np.asarray(v.anchor) for k, v in out.items()}
+  np.testing.assert_array_equal(params['discard'][2], params['discard'][0])   # adopted
+  for mode in ('keep_local', 'offline'):
+    assert np.abs(params[mode][2] - params[mode][0]).max() > 1e-3            # its own
+    np.testing.assert_array_equal(params[mode][:2], params['discard'][:2])   # senders
+  np.testing.assert_array_equal(anchors['keep_local'][2], anchors['keep_local'][0])
+  assert np.abs(anchors['offline'][2] - anchors['offline'][0]).max() > 1e-3
 
 
 def test_bytes_follow_what_was_sent():
   s = N * 4.0                                   # one float32 tree
-  _, infos = _run(ROUNDS, keep=True)
+  _, infos = _run(ROUNDS, 'offline')
   sync = lambda r, field: np.asarray(getattr(infos[r * H + H - 1], field))
   # Round 1 (index 1): worker 2 absent: a ring of two (2 (2-1)/2 S = S each); it sends
   # and receives nothing.
@@ -127,32 +136,41 @@ def test_bytes_follow_what_was_sent():
   # Steps between syncs send nothing.
   assert all(float(np.asarray(infos[t].bytes_sent).sum()) == 0.0
              for t in range(len(infos)) if (t + 1) % H)
-  # discard: an absent worker downloads the result (S), the two participants upload it.
-  _, infos = _run(ROUNDS, keep=False)
-  np.testing.assert_allclose(np.asarray(infos[H + H - 1].bytes_received), [s, s, s])
-  np.testing.assert_allclose(np.asarray(infos[H + H - 1].bytes_sent), [1.5 * s, 1.5 * s, 0.0])
+  # keep_local and discard: an absent worker downloads the result (S), the two
+  # participants upload it (S / 2 each on top of their ring share S); no catch-up later.
+  for mode in ('keep_local', 'discard'):
+    _, infos = _run(ROUNDS, mode)
+    np.testing.assert_allclose(np.asarray(infos[H + H - 1].bytes_received), [s, s, s])
+    np.testing.assert_allclose(np.asarray(infos[H + H - 1].bytes_sent), [1.5 * s, 1.5 * s, 0.0])
+    np.testing.assert_allclose(np.asarray(infos[3 * H + H - 1].bytes_received), [ring] * 3,
+                               rtol=1e-6)
 
 
 def test_schedule_marks_who_rejoins():
   # Worker 2 leaves for steps [2, 4): it misses the sync at the end of round 1 (tick 3)
   # and rejoins through round 2 (ticks 4, 5), catching up at its sync (tick 5).
-  sched = schedule_lib.SyncSchedule(3, round_steps=2, churn=((2, 2, 4),))
-  keep, rejoin = sched.keep_rejoin(0, 8)
-  assert keep.all()
+  sched = schedule_lib.SyncSchedule(3, round_steps=2, churn=((2, 2, 4),),
+                                    dropout_mode='offline')
+  keep, isolate, rejoin = sched.dropout_masks(0, 8)
+  assert keep.all() and isolate.all()
   assert rejoin[:, :2].sum() == 0
   np.testing.assert_array_equal(rejoin[:, 2], [0, 0, 0, 0, 1, 1, 0, 0])
   # Resuming mid-way gives the same rows.
-  np.testing.assert_array_equal(sched.keep_rejoin(5, 3)[1], rejoin[5:])
-  np.testing.assert_array_equal(sched.keep_rejoin(4, 1)[1], rejoin[4:5])
+  np.testing.assert_array_equal(sched.dropout_masks(5, 3)[2], rejoin[5:])
+  np.testing.assert_array_equal(sched.dropout_masks(4, 1)[2], rejoin[4:5])
   discard = schedule_lib.SyncSchedule(3, round_steps=2, churn=((2, 2, 4),),
                                       dropout_mode='discard')
-  assert discard.keep_rejoin(0, 8) is None
+  assert discard.dropout_masks(0, 8) is None
+  keep_local = schedule_lib.SyncSchedule(3, round_steps=2, churn=((2, 2, 4),))
+  keep, isolate, rejoin = keep_local.dropout_masks(0, 8)
+  assert keep.all() and isolate is None and rejoin is None
 
 
 def test_seeded_dropout_rejoins_after_every_missed_sync():
-  sched = schedule_lib.SyncSchedule(6, round_steps=4, dropout=0.5, seed=3)
+  sched = schedule_lib.SyncSchedule(6, round_steps=4, dropout=0.5, seed=3,
+                                    dropout_mode='offline')
   _, alive = sched.masks(0, 40)
-  _, rejoin = sched.keep_rejoin(0, 40)
+  _, _, rejoin = sched.dropout_masks(0, 40)
   for r in range(1, 10):
     missed = ~alive[4 * r - 1]
     # A worker rejoins through round r iff it missed round r - 1's sync and is back.
@@ -240,13 +258,13 @@ def test_local_steps_are_an_engine_key_of_every_algorithm_with_rounds():
 
 
 def test_keep_local_on_a_mesh_equals_one_device():
-  """16 workers in blocks of 2 on 8 devices, dropout and churn with keep_local: the
+  """16 workers in blocks of 2 on 8 devices, dropout and churn offline: the
   catch-up's copy from the up-to-date worker crosses devices; params, anchors and bytes
   equal the one-device run's."""
   from loco.placement import make_mesh, state_shardings
   m, h = 16, 2
   sched = schedule_lib.SyncSchedule(m, round_steps=h, dropout=0.4, churn=((5, 1, 6),),
-                                    seed=2)
+                                    seed=2, dropout_mode='offline')
   targets = jnp.asarray(np.random.default_rng(0).normal(size=(m, N)), jnp.float32)
 
   def run(mesh):
@@ -258,16 +276,17 @@ def test_keep_local_on_a_mesh_equals_one_device():
       state = jax.device_put(state, state_shardings(state, mesh))
     step, sent = jax.jit(alg.step), []
     active, alive = sched.masks(0, 12)
-    keep, rejoin = sched.keep_rejoin(0, 12)
+    keep, isolate, rejoin = sched.dropout_masks(0, 12)
     for t in range(12):
-      ctx = StepContext(active=active[t], alive=alive[t], keep=keep[t], rejoin=rejoin[t])
+      ctx = StepContext(active=active[t], alive=alive[t], keep=keep[t], isolate=isolate[t],
+                        rejoin=rejoin[t])
       state, info = step(state, state.params - targets, ctx)
       sent.append(np.asarray(info.bytes_received))
     return jax.device_get(state), np.stack(sent)
 
   want, want_bytes = run(None)
   got, got_bytes = run(make_mesh(8, m))
-  assert sched.keep_rejoin(0, 12)[1].any()          # someone caught up
+  assert sched.dropout_masks(0, 12)[2].any()          # someone caught up
   np.testing.assert_array_equal(got_bytes, want_bytes)
   for a, b in zip(jax.tree.leaves((got.params, got.anchor)),
                   jax.tree.leaves((want.params, want.anchor))):

@@ -106,7 +106,11 @@ def get_config() -> config_dict.ConfigDict:
   c.network.straggler_factor = placeholder(float)    # ... this many times slower
   c.network.churn = placeholder(list)          # [[worker, leave_step, rejoin_step], ...]
   c.network.dropout = placeholder(float)       # probability a worker drops out of a round
-  c.network.dropout_mode = placeholder(str)    # keep_local (default: an absent worker keeps its state, catches up at its next sync; the DiLoCo paper's) | discard (it adopts the others' result, its round is lost)
+  c.network.dropout_mode = placeholder(str)    # what an absent worker does at a sync:
+  #   keep_local (default; the DiLoCo paper's dropped outer gradients: not sent, it receives
+  #   the new anchor, keeps its own params and trains on) | offline (cut off: sends and
+  #   receives nothing, keeps its whole state, catches up at its next sync) | discard (it
+  #   adopts the others' result; its round's steps are lost)
   c.network.seed = placeholder(int)            # random links, stragglers, dropout, async peers
   c.network.overlap = placeholder(str)         # what communication overlaps. sync (the clock):
   #   none (default; a collective starts after the step's compute) | backward (it overlaps
