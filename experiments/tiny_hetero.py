@@ -29,8 +29,9 @@ GPU); links are 1 Gbit/s with 10 ms latency (workers across the internet), and i
   The other gasloc variants keep the blocking replay (`network.overlap='none'`) their
   measured results (WORKSPACE.md) were made with.
 - diloco_drop25 / diloco_drop50: DiLoCo on the homogeneous network where each worker
-  drops out of each round with probability 0.25 / 0.5 (its round's work is lost; it
-  restarts from the new anchor).
+  drops out of each round with probability 0.25 / 0.5 (`network.dropout_mode='discard'`,
+  the mode the measured results were made with: its round's work is lost; it restarts
+  from the new anchor; docs/claims.md claim 3 compares it with keep_local and offline).
 
 Expected: about 5 minutes per run on 2 CPU cores. Measured: WORKSPACE.md, "The network
 clock".
@@ -70,4 +71,5 @@ def get_config(arg: str = 'gasloc'):
     c.network.slow_factor = 100.0
   if network.startswith('drop'):
     c.network.dropout = int(network[len('drop'):]) / 100
+    c.network.dropout_mode = 'discard'
   return c
