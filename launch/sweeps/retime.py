@@ -41,7 +41,7 @@ def get_sweep():
       Run('sparseloco', 'experiments/tiny_sparseloco.py', {**SHORT, 'algorithm.topk': 64}),
       Run('streaming_diloco', 'experiments/tiny_streaming.py', SHORT),
       Run('diloco_dropout25', 'experiments/tiny_diloco.py',
-          {**SHORT, 'network.dropout': 0.25}),
+          {**SHORT, 'network.dropout': 0.25, 'network.dropout_mode': 'discard'}),
   ]
 
 
