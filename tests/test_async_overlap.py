@@ -182,9 +182,9 @@ def test_bad_new_config_values_are_one_line_errors():
                                   dict(profile='homogeneous', mode='async',
                                        overlap='backward')).value)
   assert "('compute', 'none')" in async_error and '\n' not in async_error
-  cfg = net_lib.parse_network(dict(profile='homogeneous', local_work='auto'))
+  cfg = net_lib.parse_network(dict(profile='homogeneous', peer_choice='rotation'))
   alg = algorithms.make('gasloc', optax.sgd(0.1), sync_every=2)
-  with pytest.raises(ConfigError, match="apply to network.mode='async'") as err:
+  with pytest.raises(ConfigError, match="applies to network.mode='async'") as err:
     timeline_lib.make_timeline(cfg, num_workers=4, steps=4, algorithm=alg,
                                name='gasloc', flops_per_token=1.0, tokens_per_step=1,
                                model_bytes=20)
