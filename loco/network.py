@@ -4,7 +4,8 @@ A `Network` is three arrays (DESIGN §5): each worker's seconds per inner step, 
 per-link bandwidth (bytes/s) and latency (s) matrices, which a named profile builds from
 a few parameters (`NetworkConfig`; the profiles are tabled in WORKSPACE.md).
 
-Time of one communication, from the bytes a step's `StepInfo` reports:
+Time of one communication, from the bytes a step's `StepInfo.wire` reports (a
+`loco.wire.Wire`, as host arrays):
 
 - ring all-reduce over m participants (the ring follows worker order, as a collective
   library's ring over ranks): 2 (m - 1) phases; in each every ring link carries one
