@@ -386,7 +386,7 @@ def local_updates(
     a_leaves = jax.tree.leaves(state.anchor)
     m_leaves = [jax.tree.leaves(b) for b in state.extra]    # the merge state's trees
     outer_states = list(state.outer_state) if fragmented else [state.outer_state]
-    no_wire = axis.replicate(wire_lib.empty(num_workers), num_workers)
+    silent = axis.replicate(wire_lib.empty(num_workers), num_workers)
     for f, members in enumerate(schedule.members):
       view = functools.partial(_view, treedef, members)
       pick = lambda leaves: [leaves[i] for i in members]
@@ -398,7 +398,7 @@ def local_updates(
         if rejoin is not None:
           new, caught = jax.lax.cond(
               jnp.any(rejoin & alive), lambda n: vmap(catch_up, 0)(n, alive, rejoin),
-              lambda n: (n, no_wire), new)
+              lambda n: (n, silent), new)
           wire = wire.merge(caught)
         if not merge.delay:     # the update arrives at the end of its own sync step
           p, a, o, m = new
@@ -416,7 +416,7 @@ def local_updates(
       # One cond outside the worker map: a step without this fragment's sync skips it
       # for every worker (a cond inside the map on an [M] mask would be a select).
       (new_p, new_a, outer_states[f], new_m), outer_wire = jax.lax.cond(
-          syncing == f, synced_fragment, lambda ops: (ops, no_wire), operands)
+          syncing == f, synced_fragment, lambda ops: (ops, silent), operands)
       for leaves, values in zip([p_leaves, a_leaves, *m_leaves], [new_p, new_a, *new_m]):
         _put(leaves, members, values)
       wire = wire.merge(outer_wire)
