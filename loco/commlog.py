@@ -5,11 +5,13 @@
     {"step": 300, "kind": [1, 1, ...], "sent": [...], "payload": [...],
      "peers": [[1, 2, 3], [0, 2, 3], ...], "overlap": 0, "active": [...]}
 
-`kind` indexes `loco.comm.KINDS`, `peers[i]` lists the workers i exchanged with,
-`active` is left out when every worker computed, `overlap` when it is 0. A step that
-is not in the file is one in which every worker computed and nobody communicated.
-This is all `network.Clock` reads, so `loco.retime` can time a finished run on any
-other network without training again (`replay`).
+A row is a step's `loco.wire.Wire` (host arrays) and its active mask: `kind` indexes
+`loco.wire.KINDS`, `peers[i]` lists the workers i exchanged with, `overlap` is the
+wire's tau, left out when it is 0, `active` is left out when every worker computed,
+and `received` when no worker received beyond a collective's share. A step that is not
+in the file is one in which every worker computed and nobody communicated. This is all
+`network.Clock` reads, so `loco.retime` can time a finished run on any other network
+without training again (`replay`).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from loco import network as network_lib
 from loco import runs
 from loco import utilization as utilization_lib
 from loco.metrics import append_jsonl, write_jsonl
+from loco.wire import NO_COMM, Wire
 
 FILE = runs.COMMS    # kept for callers of loco.commlog.FILE
 
 
-def _row(step: int, wire: network_lib.StepWire) -> dict | None:
-  active = np.asarray(wire.active, bool)
+def _row(step: int, active: np.ndarray, wire: Wire) -> dict | None:
+  """The log row of a step's host `Wire` and active mask; None: nothing to log."""
+  active = np.asarray(active, bool)
   kind = np.asarray(wire.kind, int)
   if active.all() and not kind.any():
     return None
@@ -37,8 +41,9 @@ def _row(step: int, wire: network_lib.StepWire) -> dict | None:
              sent=[float(x) for x in np.asarray(wire.sent)],
              payload=[float(x) for x in np.asarray(wire.payload)],
              peers=[np.flatnonzero(p).tolist() for p in np.asarray(wire.peers, bool)])
-  if wire.overlap_steps:
-    row['overlap'] = int(wire.overlap_steps)
+  tau = 0 if wire.overlap is None else int(np.max(wire.overlap))
+  if tau:
+    row['overlap'] = tau
   if not active.all():
     row['active'] = active.astype(int).tolist()
   if wire.received is not None and _catches_up(kind, wire.sent, wire.received):
@@ -52,17 +57,21 @@ def _catches_up(kind, sent, received) -> bool:
   return bool(np.any(np.asarray(received) > np.asarray(sent) + 0.5))
 
 
-def _wire(row: dict, num_workers: int) -> network_lib.StepWire:
+def _wire(row: dict, num_workers: int) -> tuple[np.ndarray, Wire]:
+  """(active, Wire) of a log row: one event per worker that communicated, no fragment
+  (the log does not keep them), `received` None when the row has none."""
   peers = np.zeros((num_workers, num_workers), bool)
   for i, js in enumerate(row['peers']):
     peers[i, js] = True
   active = np.asarray(row.get('active', [1] * num_workers), bool)
-  return network_lib.StepWire(active=active, kind=np.asarray(row['kind'], int),
-                              sent=np.asarray(row['sent'], float),
-                              payload=np.asarray(row['payload'], float), peers=peers,
-                              overlap_steps=int(row.get('overlap', 0)),
-                              received=(np.asarray(row['received'], float)
-                                        if 'received' in row else None))
+  kind = np.asarray(row['kind'], int)
+  return active, Wire(sent=np.asarray(row['sent'], float),
+                      received=(np.asarray(row['received'], float)
+                                if 'received' in row else None),
+                      events=(kind != NO_COMM).astype(int), kind=kind,
+                      payload=np.asarray(row['payload'], float), peers=peers,
+                      overlap=(np.full(num_workers, int(row['overlap']))
+                               if 'overlap' in row else None))
 
 
 class CommLog:
@@ -80,9 +89,10 @@ class CommLog:
       self._file = open(self.path, 'w')
       self._file.write(json.dumps({'workers': num_workers}) + '\n')
 
-  def append(self, first_step: int, wires: Iterable[network_lib.StepWire]) -> None:
-    """Logs consecutive steps first_step, first_step + 1, ... (flushed to disk)."""
-    rows = [_row(first_step + k, wire) for k, wire in enumerate(wires)]
+  def append(self, first_step: int, wires: Iterable[tuple[np.ndarray, Wire]]) -> None:
+    """Logs consecutive steps first_step, first_step + 1, ... from their (active, Wire)
+    (flushed to disk)."""
+    rows = [_row(first_step + k, active, wire) for k, (active, wire) in enumerate(wires)]
     append_jsonl(self._file, [row for row in rows if row is not None])
 
   def close(self) -> None:
@@ -98,8 +108,8 @@ def _lines(path: str) -> Iterator[dict]:
         return
 
 
-def read(workdir: str, steps=None) -> tuple[int, dict[int, network_lib.StepWire]]:
-  """(M, {step: StepWire}) of a workdir's comms.jsonl, checked by `runs.read_comms`
+def read(workdir: str, steps=None) -> tuple[int, dict[int, tuple[np.ndarray, Wire]]]:
+  """(M, {step: (active, Wire)}) of a workdir's comms.jsonl, checked by `runs.read_comms`
   (a damaged log, or one that does not cover the metrics rows `steps`, is a
   RunFileError: a replay of part of a log would be silently too fast)."""
   log = runs.read_comms(workdir, steps)
@@ -107,7 +117,7 @@ def read(workdir: str, steps=None) -> tuple[int, dict[int, network_lib.StepWire]
                            for step, row in log.records.items()}
 
 
-def replay(net: network_lib.Network, log: dict[int, network_lib.StepWire],
+def replay(net: network_lib.Network, log: dict[int, tuple[np.ndarray, Wire]],
            until: int, overlap: str = 'none',
            buckets: int = utilization_lib.BUCKETS
            ) -> Iterator[tuple[int, network_lib.Clock]]:
@@ -115,9 +125,10 @@ def replay(net: network_lib.Network, log: dict[int, network_lib.StepWire],
   of a log; yields (step, clock)."""
   clock = network_lib.Clock(net, overlap=overlap, buckets=buckets)
   m = net.num_workers
-  silent = network_lib.StepWire(active=np.ones(m, bool), kind=np.zeros(m, int),
-                                sent=np.zeros(m), payload=np.zeros(m),
-                                peers=np.zeros((m, m), bool))
+  silent = (np.ones(m, bool), Wire(sent=np.zeros(m), received=None,
+                                   events=np.zeros(m, int), kind=np.zeros(m, int),
+                                   payload=np.zeros(m), peers=np.zeros((m, m), bool)))
   for step in range(1, until + 1):
-    clock.step(log.get(step, silent))
+    active, wire = log.get(step, silent)
+    clock.step(wire, active)
     yield step, clock

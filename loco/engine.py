@@ -28,7 +28,9 @@ from loco import comm
 from loco import merge as merge_lib
 from loco import sync_plan
 from loco import axis
+from loco import wire as wire_lib
 from loco.errors import ConfigError
+from loco.wire import Wire
 
 PyTree = Any
 
@@ -81,35 +83,19 @@ class StepContext(NamedTuple):
 
 
 class StepInfo(NamedTuple):
-  """What one step put on the wire, per worker: the single record the network clock
-  reads (DESIGN §5), so a run can be timed on any network from it alone.
+  """The step's record: what it put on the wire, per worker, the single record the
+  network clock reads (DESIGN §5), so a run can be timed on any network from it alone.
 
   Attributes:
-    bytes_sent: [M] float32, bytes each worker sent this step.
-    bytes_received: [M] float32, bytes each worker received this step.
-    comms: [M] int32, communication events each worker took part in this step.
+    wire: a `loco.wire.Wire` with [M] leaves (peers [M, M]: peers[i, j], worker i
+      exchanged with worker j): the merge of every transform's wire of the step. With
+      a fragmented sync plan the engine fills `fragment` (the fragment whose sync
+      started this step, -1 for none) and `overlap` (tau on a sync step, else 0);
+      both None otherwise.
     synced: bool scalar, whether the outer step ran this step.
-    kind: [M] int32, each worker's collective this step (an index of `comm.KINDS`:
-      none, all_reduce, all_gather, gossip).
-    payload: [M] float32, bytes of one message (the all-reduced tree, the gathered
-      message, or what crossed one gossip edge).
-    peers: [M, M] bool, peers[i, j]: worker i exchanged with worker j this step (the
-      edges used, or the other participants of a collective).
-    fragment: int32 scalar, the parameter fragment whose sync started this step (-1:
-      none), or None for algorithms that sync the whole model (no `fragments`).
-    overlap_steps: int32 scalar, inner steps that the communication started this step
-      may run behind before its result is needed (Streaming DiLoCo's tau), or None:
-      the communication blocks the step.
   """
-  bytes_sent: jax.Array
-  bytes_received: jax.Array
-  comms: jax.Array
+  wire: Wire
   synced: jax.Array
-  kind: jax.Array | None = None
-  payload: jax.Array | None = None
-  peers: jax.Array | None = None
-  fragment: jax.Array | None = None
-  overlap_steps: jax.Array | None = None
 
 
 class LocoState(NamedTuple):
@@ -166,7 +152,7 @@ def pair_exchange_bytes(outer: optax.GradientTransformation, params: PyTree,
 
   A concrete evaluation of the chain on zeros of the params' shapes (float32, as the
   engine's anchor) for M workers of which the first two exchange: what the chain's
-  communication transforms report (`comm.wire_bytes`) is what the engine's StepInfo
+  communication transforms report (`wire.collect`) is what the engine's StepInfo
   reports for that exchange, compression and transport dtype included.
 
   Args:
@@ -184,7 +170,7 @@ def pair_exchange_bytes(outer: optax.GradientTransformation, params: PyTree,
   def worker(anchor):
     context = comm.WorkerContext(mixing=pair)
     _, state = outer.update(anchor, outer.init(anchor), anchor, context=context)
-    return comm.wire_bytes(state).sent
+    return wire_lib.collect(state, num_workers).sent
 
   return float(jax.jit(jax.vmap(worker, axis_name=axis.WORKERS))(zeros)[0])
 
@@ -211,13 +197,6 @@ class Algorithm(NamedTuple):
   round_steps: int = 1
   keeps_local: bool = True
   local_steps: tuple[int, ...] | None = None
-
-
-def step_info(wire: comm.Wire, synced: jax.Array, **fields) -> StepInfo:
-  """The StepInfo of a step from its worker-stacked `comm.Wire` ([M] leaves)."""
-  return StepInfo(bytes_sent=wire.sent, bytes_received=wire.received, comms=wire.events,
-                  synced=synced, kind=wire.kind, payload=wire.payload, peers=wire.peers,
-                  **fields)
 
 
 def _put(leaves: list, members: Sequence[int], values: Sequence[Any]) -> list:
@@ -276,8 +255,9 @@ def local_updates(
       one device).
 
   Returns:
-    An `Algorithm` (`round_steps` H). With a fragmented plan, its `StepInfo` carries `fragment` (the
-    fragment synced this step, -1 for none) and `overlap_steps` (tau on a sync step).
+    An `Algorithm` (`round_steps` H). With a fragmented plan, its `StepInfo.wire` carries
+    `fragment` (the fragment synced this step, -1 for none) and `overlap` (tau on a sync
+    step), [M] like its other leaves.
 
   References:
     DiLoCo, arXiv 2311.08105 (Algorithm 1); Streaming DiLoCo, arXiv 2501.18512.
@@ -332,8 +312,8 @@ def local_updates(
            tuple(jax.tree.leaves(m) for m in new_merge))
     if phase == 'send':    # only the snapshot of what is sent is kept
       return ((params, anchor, comm.keep_snapshots(outer_state, new_outer), merge_state),
-              comm.no_wire(num_workers))
-    return new, comm.wire_bytes(new_outer)
+              wire_lib.empty(num_workers))
+    return new, wire_lib.collect(new_outer, num_workers)
 
   def catch_up(new, alive, rejoin):
     """A rejoining worker copies the anchor, outer state (but its links' own state:
@@ -355,7 +335,7 @@ def local_updates(
         if jnp.issubdtype(x.dtype, jnp.floating)]))
     takers = axis.psum(take.astype(jnp.float32))
     serves = (me == source) & (takers > 0)
-    wire = comm.Wire(sent=jnp.where(serves, nbytes * takers, 0.0),
+    wire = Wire(sent=jnp.where(serves, nbytes * takers, 0.0),
                      received=jnp.where(take, nbytes, 0.0),
                      events=(serves | take).astype(jnp.int32),
                      kind=jnp.where(serves | take, comm.ALL_REDUCE, comm.NO_COMM).astype(jnp.int32),
@@ -379,14 +359,14 @@ def local_updates(
       # Inactive workers neither step nor communicate in the inner chain.
       return (optax.tree.where(active, optax.apply_updates(params, updates), params),
               optax.tree.where(active, new_inner, inner_state),
-              comm.wire_bytes(new_inner).where(active))
+              wire_lib.collect(new_inner, num_workers).where(active))
 
     params, inner_state, wire = vmap(inner_worker, 0)(
         state.params, state.inner_state, grads, active, alive)
     s = state.step + 1
     new_state = state._replace(step=s, params=params, inner_state=inner_state, key=key)
     if outer is None:
-      return new_state, step_info(wire, jnp.any(wire.events > 0))
+      return new_state, StepInfo(wire, jnp.any(wire.events > 0))
 
     schedule = plan.schedule(params, merge.delay)
     syncing, who = schedule.syncing(s, ctx.sync)
@@ -406,7 +386,7 @@ def local_updates(
     a_leaves = jax.tree.leaves(state.anchor)
     m_leaves = [jax.tree.leaves(b) for b in state.extra]    # the merge state's trees
     outer_states = list(state.outer_state) if fragmented else [state.outer_state]
-    no_wire = axis.replicate(comm.no_wire(num_workers), num_workers)
+    silent = axis.replicate(wire_lib.empty(num_workers), num_workers)
     for f, members in enumerate(schedule.members):
       view = functools.partial(_view, treedef, members)
       pick = lambda leaves: [leaves[i] for i in members]
@@ -418,7 +398,7 @@ def local_updates(
         if rejoin is not None:
           new, caught = jax.lax.cond(
               jnp.any(rejoin & alive), lambda n: vmap(catch_up, 0)(n, alive, rejoin),
-              lambda n: (n, no_wire), new)
+              lambda n: (n, silent), new)
           wire = wire.merge(caught)
         if not merge.delay:     # the update arrives at the end of its own sync step
           p, a, o, m = new
@@ -436,7 +416,7 @@ def local_updates(
       # One cond outside the worker map: a step without this fragment's sync skips it
       # for every worker (a cond inside the map on an [M] mask would be a select).
       (new_p, new_a, outer_states[f], new_m), outer_wire = jax.lax.cond(
-          syncing == f, synced_fragment, lambda ops: (ops, no_wire), operands)
+          syncing == f, synced_fragment, lambda ops: (ops, silent), operands)
       for leaves, values in zip([p_leaves, a_leaves, *m_leaves], [new_p, new_a, *new_m]):
         _put(leaves, members, values)
       wire = wire.merge(outer_wire)
@@ -474,9 +454,11 @@ def local_updates(
         params=unflatten(p_leaves), anchor=unflatten(a_leaves), outer_state=wrap(outer_states),
         extra=jax.tree.unflatten(container, [unflatten(b) for b in m_leaves]))
     synced = syncing >= 0
-    fields = {} if not fragmented else dict(
-        fragment=syncing, overlap_steps=jnp.where(synced, merge.delay, 0).astype(jnp.int32))
-    return new_state, step_info(wire, synced, **fields)
+    if fragmented:     # the step's, on every worker's record
+      wire = wire._replace(
+          fragment=jnp.full((num_workers,), syncing, jnp.int32),
+          overlap=jnp.full((num_workers,), jnp.where(synced, merge.delay, 0), jnp.int32))
+    return new_state, StepInfo(wire, synced)
 
   return Algorithm(init=init, step=step, round_steps=plan.sync_every,
                    keeps_local=outer is None or not merge.delay)

@@ -134,12 +134,12 @@ class Ledger:
     return record, elapsed / k
 
   def _add(self, info, tokens: int) -> None:
-    sent = np.asarray(info.bytes_sent, np.float64)        # [K, M]
+    sent = np.asarray(info.wire.sent, np.float64)        # [K, M]
     self.tokens += int(tokens)
     self.bytes_sent += float(sent.mean(axis=1).sum())
-    self.bytes_received += float(np.asarray(info.bytes_received, np.float64).mean(1).sum())
+    self.bytes_received += float(np.asarray(info.wire.received, np.float64).mean(1).sum())
     self.peak_bytes = max(self.peak_bytes, float(sent.max()))
-    self.syncs += float(np.asarray(info.comms, np.float64).mean(axis=1).sum())
+    self.syncs += float(np.asarray(info.wire.events, np.float64).mean(axis=1).sum())
 
 
 def _head(info, k: int):

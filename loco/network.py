@@ -4,7 +4,8 @@ A `Network` is three arrays (DESIGN §5): each worker's seconds per inner step, 
 per-link bandwidth (bytes/s) and latency (s) matrices, which a named profile builds from
 a few parameters (`NetworkConfig`; the profiles are tabled in WORKSPACE.md).
 
-Time of one communication, from the bytes a step's `StepInfo` reports:
+Time of one communication, from the bytes a step's `StepInfo.wire` reports (a
+`loco.wire.Wire`, as host arrays):
 
 - ring all-reduce over m participants (the ring follows worker order, as a collective
   library's ring over ranks): 2 (m - 1) phases; in each every ring link carries one
@@ -39,6 +40,7 @@ import numpy as np
 
 from loco import utilization as utilization_lib
 from loco.errors import ConfigError
+from loco.wire import ALL_GATHER, ALL_REDUCE, GOSSIP, Wire
 
 PROFILES = ('homogeneous', 'multi_region', 'lognormal', 'slow_links', 'stragglers',
             'churn', 'custom')
@@ -329,31 +331,10 @@ def gossip_finish(net: Network, start: np.ndarray, edges: np.ndarray,
 # The clock of a synchronous run.
 
 
-class StepWire(NamedTuple):
-  """One step of a run's communication log: what each worker put on the wire.
-
-  The fields of `loco.engine.StepInfo` that the clock reads, as host arrays; all [M]
-  but `peers` ([M, M] bool). `kind` indexes `loco.comm.KINDS`. `received` is read for
-  what a collective's member receives beyond its ring share (a worker catching up
-  after keep-local dropout); None: nothing beyond.
-  """
-  active: np.ndarray
-  kind: np.ndarray
-  sent: np.ndarray
-  payload: np.ndarray
-  peers: np.ndarray
-  overlap_steps: int = 0
-  received: np.ndarray | None = None
-
-
-# loco.comm.KINDS, by index (the clock does not import the comm transforms).
-_ALL_REDUCE, _ALL_GATHER, _GOSSIP = 1, 2, 3
-
-
 @dataclasses.dataclass
 class Clock:
   """Simulated time of a synchronous run, advanced step by step from what each step
-  put on the wire (`StepWire`): never from an algorithm's name or config, so any
+  put on the wire (a host `loco.wire.Wire`): never from an algorithm's name or config, so any
   algorithm is timed and a finished run can be re-timed on another network.
 
   Attributes:
@@ -389,11 +370,18 @@ class Clock:
     """Elapsed simulated time: the slowest worker's clock."""
     return float(self.now.max())
 
-  def step(self, wire: StepWire) -> None:
+  def step(self, wire: Wire, active: np.ndarray) -> None:
     """Advances the clock by one step: compute, then what each worker communicated (a
-    collective in worker order, due tau = `overlap_steps` steps later if tau > 0; gossip
-    over the edges in `peers`, `payload` bytes each way)."""
-    work = np.where(wire.active, self.net.step_seconds, 0.0)
+    collective in worker order, due tau = `wire.overlap` steps later if tau > 0; gossip
+    over the edges in `peers`, `payload` bytes each way).
+
+    Args:
+      wire: the step's record as host arrays, [M] (peers [M, M]); `received` is read
+        for what a collective's member receives beyond its ring share (a worker catching
+        up after keep-local dropout), None: nothing beyond; `overlap` None: 0.
+      active: [M] bool, the workers that computed this step.
+    """
+    work = np.where(np.asarray(active, bool), self.net.step_seconds, 0.0)
     self._began, self._work = self.now, work
     self.now = self.now + work
     self.compute = self.compute + work
@@ -401,14 +389,15 @@ class Clock:
     kind = np.asarray(wire.kind)
     sent = np.asarray(wire.sent, float)
     payload = np.asarray(wire.payload, float)
-    for collective in (_ALL_REDUCE, _ALL_GATHER):
+    tau = 0 if wire.overlap is None else int(np.max(wire.overlap))
+    for collective in (ALL_REDUCE, ALL_GATHER):
       # The ring is the workers that sent; an absent one only downloads the result.
       involved = kind == collective
       members = np.flatnonzero(involved & (sent > 0))
       if members.size:
         self._collective(collective, members, np.flatnonzero(involved & (sent == 0)), payload,
-                         int(wire.overlap_steps or 0), wire.received)
-    gossiping = kind == _GOSSIP
+                         tau, wire.received)
+    gossiping = kind == GOSSIP
     if gossiping.any():
       peers = np.asarray(wire.peers, bool)
       edges = (peers | peers.T) & gossiping[:, None] & gossiping[None, :]
@@ -424,7 +413,7 @@ class Clock:
     from another member."""
     start = self.now[members].max()
     m = len(members)
-    if collective == _ALL_REDUCE:
+    if collective == ALL_REDUCE:
       size = payload[members].max()
       duration, download = ring_all_reduce_seconds(self.net, members, size), size
       share = np.full(len(payload), 2.0 * (m - 1) / m * size)
@@ -455,7 +444,7 @@ class Clock:
     if self.overlap == 'none' or tau > 0:
       return end
     buckets = self.buckets
-    if collective == _ALL_REDUCE:
+    if collective == ALL_REDUCE:
       piece = ring_all_reduce_seconds(self.net, members, payload[members].max() / buckets)
     else:
       piece = ring_all_gather_seconds(self.net, members, payload[members].max() / buckets)

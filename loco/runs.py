@@ -31,6 +31,7 @@ import math
 import os
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
+from loco import wire as wire_lib
 from loco.errors import RunFileError
 
 CONFIG = 'config.json'
@@ -60,7 +61,7 @@ STATUSES = ('finished', 'diverged', 'failed', 'interrupted', 'running', 'incompl
 NUMBER_KEYS = ('tokens', 'train_loss', 'eval_loss', 'eval_loss_se', 'eval_loss_workers',
                'worker_spread', 'bytes_sent', 'bytes_received', 'peak_bytes', 'syncs',
                'sim_seconds', 'utilization', 'tokens_per_second', 'wall_seconds')
-NUM_KINDS = 4     # loco.comm.KINDS: none, all-reduce, all-gather, gossip
+NUM_KINDS = len(wire_lib.KINDS)     # none, all-reduce, all-gather, gossip
 # Cumulative bytes in metrics.jsonl and the sum over comms.jsonl agree to rounding.
 _BYTES_RTOL = 1e-6
 

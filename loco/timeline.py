@@ -18,19 +18,17 @@ from loco import network as network_lib
 from loco import schedule as schedule_lib
 from loco.engine import Algorithm, StepContext
 from loco.errors import ConfigError
+from loco.wire import Wire
 
 _ITEMSIZE = {'float32': 4, 'bfloat16': 2, 'float16': 2}
 
 
-def wires(active_KxM: np.ndarray, info) -> list[network_lib.StepWire]:
-  """The per-step wire records of a chunk's StepInfo ([K, ...] host arrays)."""
-  return [network_lib.StepWire(
-      active=np.asarray(active_KxM[k], bool), kind=np.asarray(info.kind[k]),
-      sent=np.asarray(info.bytes_sent[k], float), payload=np.asarray(info.payload[k], float),
-      peers=np.asarray(info.peers[k], bool),
-      overlap_steps=0 if info.overlap_steps is None else int(np.asarray(info.overlap_steps)[k]),
-      received=np.asarray(info.bytes_received[k], float))
-      for k in range(len(active_KxM))]
+def wires(active_KxM: np.ndarray, info) -> list[tuple[np.ndarray, Wire]]:
+  """(active, Wire) of each step of a chunk's StepInfo ([K, ...] host arrays): what
+  `network.Clock.step` and the communication log read."""
+  return [(np.asarray(active_KxM[k], bool),
+           Wire(*(None if x is None else np.asarray(x)[k] for x in info.wire)))
+          for k in range(len(active_KxM))]
 
 
 class Timeline:
@@ -134,8 +132,8 @@ class Timeline:
     """Advances the clock over a chunk of ticks from their StepInfo ([K, M] arrays)."""
     if self.schedule is not None:
       return
-    for wire in wires(self.active(start, len(info.bytes_sent)), info):
-      self.clock.step(wire)
+    for active, wire in wires(self.active(start, len(info.wire.sent)), info):
+      self.clock.step(wire, active)
 
   def metrics(self, end: int) -> dict[str, Any]:
     """sim_seconds, utilization (mean compute / elapsed) and idle seconds per worker;

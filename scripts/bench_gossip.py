@@ -65,7 +65,7 @@ def bench_gossip(params_MxP: Any, topology: str, repeats: int) -> tuple[float, f
   def worker(delta, theta):
     context = comm.WorkerContext(alive=jnp.ones((), bool), key=key)
     out, state = mixer.update(delta, mixer.init(delta), theta, context=context)
-    return out, state.comm.bytes_sent
+    return out, state.comm.sent
 
   mix = jax.jit(jax.vmap(worker, axis_name=comm.WORKERS))
   delta = jax.tree.map(lambda x: 1e-3 * jnp.ones_like(x), params_MxP)

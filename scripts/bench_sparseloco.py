@@ -94,7 +94,7 @@ def main(argv=None) -> None:
     jax.block_until_ready(state)
     seconds_b = min(seconds_b, time.perf_counter() - start)
 
-  sent = float(info.bytes_sent[-1, 0])
+  sent = float(info.wire.sent[-1, 0])
   print(f'outer step (EF + top-k + 2-bit + all-gather + SGD): {seconds_a * 1e3:8.1f} ms '
         f'(compile {compile_a:.1f} s)')
   print(f'whole round ({h} steps incl. the sync):            {seconds_b * 1e3:8.1f} ms '

@@ -17,9 +17,9 @@ from loco import experiment
 from loco import model as model_lib
 from loco import train
 from loco.metrics import read_metrics
+from loco.wire import ALL_REDUCE, GOSSIP
 
 STEPS, LOG_EVERY, BATCH, SEQ = 6, 2, 1, 16
-ALL_REDUCE, GOSSIP = 1, 3   # loco.comm.KINDS
 
 
 def _ring_all_reduce(m):

@@ -233,7 +233,7 @@ def test_overlapped_run_on_an_instant_network_equals_synchronous_gasloc():
     async_state, info = async_step(async_state, grads(async_state.params), StepContext(
         active=jnp.asarray(sched.active[t]), sync=jnp.asarray(sched.sync[t]),
         mixing=jnp.asarray(sched.mixing[t]), send=jnp.asarray(sched.send[t])))
-    np.testing.assert_array_equal(np.asarray(info.bytes_sent) > 0, sched.sync[t])
+    np.testing.assert_array_equal(np.asarray(info.wire.sent) > 0, sched.sync[t])
   np.testing.assert_allclose(async_state.params['w'], sync_state.params['w'], rtol=1e-6)
   np.testing.assert_allclose(async_state.anchor['w'], sync_state.anchor['w'], rtol=1e-6)
   assert float(jnp.std(sync_state.params['w'][:, 0])) > 0
@@ -289,10 +289,10 @@ def test_replay_bytes_per_exchange_equal_the_engines(name, kwargs, overlap):
     ctx = jax.tree.map(lambda x: jnp.asarray(x[0]), ctx)
     state, info = step(state, jax.tree.map(jnp.ones_like, state.params), ctx)
     on = np.asarray(ctx.sync)
-    np.testing.assert_allclose(np.asarray(info.bytes_sent)[on], timeline.exchange_bytes)
-    np.testing.assert_allclose(np.asarray(info.bytes_received)[on], timeline.exchange_bytes)
-    np.testing.assert_allclose(np.asarray(info.payload)[on], timeline.exchange_bytes)
-    assert (np.asarray(info.bytes_sent)[~on] == 0).all()
+    np.testing.assert_allclose(np.asarray(info.wire.sent)[on], timeline.exchange_bytes)
+    np.testing.assert_allclose(np.asarray(info.wire.received)[on], timeline.exchange_bytes)
+    np.testing.assert_allclose(np.asarray(info.wire.payload)[on], timeline.exchange_bytes)
+    assert (np.asarray(info.wire.sent)[~on] == 0).all()
     merged += on.sum()
   assert merged == 2 * len(timeline.schedule.exchanges) > 0
   metrics = timeline.metrics(timeline.num_ticks)
@@ -371,7 +371,7 @@ def test_overlapped_replay_on_8_devices_matches_one_device():
       state, info = step(state, {'w': state.params['w'] - target}, StepContext(
           active=jnp.asarray(sched.active[t]), sync=jnp.asarray(sched.sync[t]),
           mixing=jnp.asarray(sched.mixing[t]), send=jnp.asarray(sched.send[t])))
-      sent.append(np.asarray(info.bytes_sent))
+      sent.append(np.asarray(info.wire.sent))
     results.append((np.asarray(state.params['w']), np.stack(sent)))
   np.testing.assert_array_equal(results[1][1], results[0][1])
   np.testing.assert_allclose(results[1][0], results[0][0], rtol=1e-6, atol=1e-6)

@@ -7,6 +7,7 @@ import pytest
 from loco import network as net_lib
 from loco import utilization as util
 from loco.errors import ConfigError
+from loco.wire import Wire
 
 K = util.BUCKETS
 
@@ -19,14 +20,19 @@ def _net(step_seconds, bandwidth, latency=0.0):
 
 def _all_reduce(size, m):
   """Every worker all-reduces a `size`-byte tree (the ring's bytes per worker sent)."""
-  return net_lib.StepWire(active=np.ones(m, bool), kind=np.ones(m, int),
-                          sent=np.full(m, 2 * (m - 1) / m * size), payload=np.full(m, size),
-                          peers=~np.eye(m, dtype=bool))
+  ring = np.full(m, 2 * (m - 1) / m * size)
+  return Wire(sent=ring, received=ring, events=np.ones(m, int), kind=np.ones(m, int),
+              payload=np.full(m, size), peers=~np.eye(m, dtype=bool))
 
 
 def _silent(m):
-  return net_lib.StepWire(active=np.ones(m, bool), kind=np.zeros(m, int), sent=np.zeros(m),
-                          payload=np.zeros(m), peers=np.zeros((m, m), bool))
+  return Wire(sent=np.zeros(m), received=np.zeros(m), events=np.zeros(m, int),
+              kind=np.zeros(m, int), payload=np.zeros(m), peers=np.zeros((m, m), bool))
+
+
+def _step(clock, wire):
+  """One step of `clock` in which every worker computed."""
+  clock.step(wire, np.ones(len(wire.sent), bool))
 
 
 @pytest.mark.parametrize('workers', [2, 4])
@@ -47,7 +53,7 @@ def test_backward_overlap_is_the_utilization_model(workers, algorithm, sync_ever
   clock = net_lib.Clock(_net([step] * workers, gbit_per_s * net_lib.GBIT), overlap='backward')
   rounds = []
   for k in range(1, 4 * sync_every + 1):
-    clock.step(_all_reduce(2 * params, workers) if k % sync_every == 0 else _silent(workers))
+    _step(clock, _all_reduce(2 * params, workers) if k % sync_every == 0 else _silent(workers))
     if k % sync_every == 0:
       rounds.append(clock.seconds)
   assert net_lib.utilization(clock.compute, clock.seconds) == pytest.approx(expected, rel=1e-12)
@@ -65,14 +71,14 @@ def test_a_collective_shorter_than_the_backward_pass_is_hidden_but_its_last_piec
   first piece 0.609375 s, last 1.8 s, done at 1.801 s."""
   size = 128000.0
   none = net_lib.Clock(_net([0.9, 0.9], 1e6))
-  none.step(_all_reduce(size, 2))
+  _step(none, _all_reduce(size, 2))
   np.testing.assert_allclose(none.now, [1.028, 1.028], rtol=1e-12)
   hidden = net_lib.Clock(_net([0.9, 0.9], 1e6), overlap='backward')
-  hidden.step(_all_reduce(size, 2))
+  _step(hidden, _all_reduce(size, 2))
   np.testing.assert_allclose(hidden.now, [0.901, 0.901], rtol=1e-12)
   np.testing.assert_allclose(hidden.compute, [0.9, 0.9])
   slow = net_lib.Clock(_net([0.9, 1.8], 1e6), overlap='backward')
-  slow.step(_all_reduce(size, 2))
+  _step(slow, _all_reduce(size, 2))
   np.testing.assert_allclose(slow.now, [1.801, 1.801], rtol=1e-12)
   assert util.backward_overlap_end([0.0, 0.0], [0.9, 1.8], 0.001) == pytest.approx(1.801)
 
@@ -85,20 +91,20 @@ def test_a_collective_longer_than_the_backward_pass_is_hidden_in_part():
   at 0.3046875 + 128 x 0.012 = 1.8406875 s ('none' pays it once: 2.182 s)."""
   size = 1280000.0
   none = net_lib.Clock(_net([0.9, 0.9], 1e6))
-  none.step(_all_reduce(size, 2))
+  _step(none, _all_reduce(size, 2))
   np.testing.assert_allclose(none.now, [2.18, 2.18], rtol=1e-12)
   partly = net_lib.Clock(_net([0.9, 0.9], 1e6), overlap='backward')
-  partly.step(_all_reduce(size, 2))
+  _step(partly, _all_reduce(size, 2))
   np.testing.assert_allclose(partly.now, [1.5846875, 1.5846875], rtol=1e-12)
   assert none.seconds - partly.seconds == pytest.approx(0.5953125, rel=1e-12)
   # A second step starts from the first's end: the same again.
-  partly.step(_all_reduce(size, 2))
+  _step(partly, _all_reduce(size, 2))
   np.testing.assert_allclose(partly.now, 2 * 1.5846875, rtol=1e-12)
   late = net_lib.Clock(_net([0.9, 0.9], 1e6, latency=1e-3), overlap='backward')
-  late.step(_all_reduce(size, 2))
+  _step(late, _all_reduce(size, 2))
   np.testing.assert_allclose(late.now, 1.8406875, rtol=1e-12)
   lat_none = net_lib.Clock(_net([0.9, 0.9], 1e6, latency=1e-3))
-  lat_none.step(_all_reduce(size, 2))
+  _step(lat_none, _all_reduce(size, 2))
   np.testing.assert_allclose(lat_none.now, 2.182, rtol=1e-12)
 
 
@@ -107,13 +113,13 @@ def test_none_is_the_default_and_tau_fragments_are_timed_as_before():
   by both models: started after the step, due two steps later."""
   net = _net([1.0, 3.0, 1.0], 100.0)
   wires = [_silent(3), _all_reduce(300.0, 3), _silent(3),
-           _all_reduce(300.0, 3)._replace(overlap_steps=2), _silent(3), _silent(3)]
+           _all_reduce(300.0, 3)._replace(overlap=np.full(3, 2)), _silent(3), _silent(3)]
   default, none, backward = (net_lib.Clock(net), net_lib.Clock(net, overlap='none'),
                              net_lib.Clock(net, overlap='backward'))
   times = {id(c): [] for c in (default, none, backward)}
   for wire in wires:
     for c in (default, none, backward):
-      c.step(wire)
+      _step(c, wire)
       times[id(c)].append(c.now.copy())
   assert default.overlap == 'none'
   np.testing.assert_array_equal(times[id(default)], times[id(none)])
@@ -137,7 +143,7 @@ def test_one_piece_is_none_again_and_fewer_pieces_pay_less_latency():
   none, one = net_lib.Clock(net), net_lib.Clock(net, overlap='backward', buckets=1)
   eight = net_lib.Clock(net, overlap='backward', buckets=8)
   for clock in (none, one, eight):
-    clock.step(_all_reduce(1280000.0, 2))
+    _step(clock, _all_reduce(1280000.0, 2))
   np.testing.assert_allclose(one.now, none.now, rtol=1e-12)
   np.testing.assert_allclose(eight.now, 1.671, rtol=1e-12)
 

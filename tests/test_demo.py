@@ -108,9 +108,9 @@ def test_demo_bytes_by_hand():
   _, infos = _run(_demo(), params, targets, 2)
   payload = (18 * (4 + 32) + 6 * (2 + 32)) / 8
   for info in infos:
-    np.testing.assert_allclose(info.bytes_sent, [payload] * M)
-    np.testing.assert_allclose(info.bytes_received, [(M - 1) * payload] * M)
-    assert bool(jnp.all(info.kind == comm.ALL_GATHER))
+    np.testing.assert_allclose(info.wire.sent, [payload] * M)
+    np.testing.assert_allclose(info.wire.received, [(M - 1) * payload] * M)
+    assert bool(jnp.all(info.wire.kind == comm.ALL_GATHER))
 
 
 def test_dct_codec_basis_is_orthonormal_and_matches_scipy():

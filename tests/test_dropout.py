@@ -23,6 +23,7 @@ from loco import merge as merge_lib
 from loco.algorithms.diloco import diloco
 from loco.engine import StepContext, local_updates
 from loco.errors import ConfigError
+from loco.wire import Wire
 
 M, H, N = 3, 2, 5          # workers, steps per round, params
 INNER_LR, OUTER_LR, MU = 0.1, 0.7, 0.9
@@ -120,29 +121,29 @@ def test_the_three_modes_differ_where_they_should():
 def test_bytes_follow_what_was_sent():
   s = N * 4.0                                   # one float32 tree
   _, infos = _run(ROUNDS, 'offline')
-  sync = lambda r, field: np.asarray(getattr(infos[r * H + H - 1], field))
+  sync = lambda r, field: np.asarray(getattr(infos[r * H + H - 1].wire, field))
   # Round 1 (index 1): worker 2 absent: a ring of two (2 (2-1)/2 S = S each); it sends
   # and receives nothing.
-  np.testing.assert_allclose(sync(1, 'bytes_sent'), [s, s, 0.0])
-  np.testing.assert_allclose(sync(1, 'bytes_received'), [s, s, 0.0])
+  np.testing.assert_allclose(sync(1, 'sent'), [s, s, 0.0])
+  np.testing.assert_allclose(sync(1, 'received'), [s, s, 0.0])
   # Round 2: workers 1 and 2 absent: a ring of one: nothing moves.
-  np.testing.assert_allclose(sync(2, 'bytes_sent'), [0.0, 0.0, 0.0])
+  np.testing.assert_allclose(sync(2, 'sent'), [0.0, 0.0, 0.0])
   # Round 3: all alive; 1 and 2 rejoin: ring of three (4/3 S each), and worker 0 (the
   # up-to-date one) sends each the anchor and the momentum (2 S).
   ring = 4.0 / 3.0 * s
-  np.testing.assert_allclose(sync(3, 'bytes_sent'), [ring + 2 * 2 * s, ring, ring], rtol=1e-6)
-  np.testing.assert_allclose(sync(3, 'bytes_received'), [ring, ring + 2 * s, ring + 2 * s],
+  np.testing.assert_allclose(sync(3, 'sent'), [ring + 2 * 2 * s, ring, ring], rtol=1e-6)
+  np.testing.assert_allclose(sync(3, 'received'), [ring, ring + 2 * s, ring + 2 * s],
                              rtol=1e-6)
   # Steps between syncs send nothing.
-  assert all(float(np.asarray(infos[t].bytes_sent).sum()) == 0.0
+  assert all(float(np.asarray(infos[t].wire.sent).sum()) == 0.0
              for t in range(len(infos)) if (t + 1) % H)
   # keep_local and discard: an absent worker downloads the result (S), the two
   # participants upload it (S / 2 each on top of their ring share S); no catch-up later.
   for mode in ('keep_local', 'discard'):
     _, infos = _run(ROUNDS, mode)
-    np.testing.assert_allclose(np.asarray(infos[H + H - 1].bytes_received), [s, s, s])
-    np.testing.assert_allclose(np.asarray(infos[H + H - 1].bytes_sent), [1.5 * s, 1.5 * s, 0.0])
-    np.testing.assert_allclose(np.asarray(infos[3 * H + H - 1].bytes_received), [ring] * 3,
+    np.testing.assert_allclose(np.asarray(infos[H + H - 1].wire.received), [s, s, s])
+    np.testing.assert_allclose(np.asarray(infos[H + H - 1].wire.sent), [1.5 * s, 1.5 * s, 0.0])
+    np.testing.assert_allclose(np.asarray(infos[3 * H + H - 1].wire.received), [ring] * 3,
                                rtol=1e-6)
 
 
@@ -222,10 +223,10 @@ def test_clock_times_the_catch_up_download():
                             latency=np.full((3, 3), lat))
   clock = network_lib.Clock(net)
   ring = 4.0 / 3.0 * s
-  clock.step(network_lib.StepWire(
-      active=np.ones(3, bool), kind=np.ones(3, int), sent=np.array([ring + e, ring, ring]),
-      payload=np.full(3, s), peers=~np.eye(3, dtype=bool),
-      received=np.array([ring, ring, ring + e])))
+  clock.step(Wire(sent=np.array([ring + e, ring, ring]),
+                  received=np.array([ring, ring, ring + e]), events=np.ones(3, int),
+                  kind=np.ones(3, int), payload=np.full(3, s), peers=~np.eye(3, dtype=bool)),
+             active=np.ones(3, bool))
   ring_time = 4 * (lat + s / 3 / b)
   np.testing.assert_allclose(clock.now, [1 + ring_time, 1 + ring_time,
                                          1 + ring_time + lat + e / b])
@@ -281,7 +282,7 @@ def test_keep_local_on_a_mesh_equals_one_device():
       ctx = StepContext(active=active[t], alive=alive[t], keep=keep[t], isolate=isolate[t],
                         rejoin=rejoin[t])
       state, info = step(state, state.params - targets, ctx)
-      sent.append(np.asarray(info.bytes_received))
+      sent.append(np.asarray(info.wire.received))
     return jax.device_get(state), np.stack(sent)
 
   want, want_bytes = run(None)
@@ -310,9 +311,10 @@ def test_derived_local_steps_in_synchronous_rounds():
   from loco.engine import StepInfo
   m = 4
   zeros = np.zeros((12, m))
-  info = StepInfo(bytes_sent=zeros, bytes_received=zeros, comms=zeros.astype(int),
-                  synced=np.zeros(12, bool), kind=zeros.astype(int), payload=zeros,
-                  peers=np.zeros((12, m, m), bool))
+  info = StepInfo(Wire(sent=zeros, received=zeros, events=zeros.astype(int),
+                       kind=zeros.astype(int), payload=zeros,
+                       peers=np.zeros((12, m, m), bool)),
+                  synced=np.zeros(12, bool))
   tl.advance(0, info)
   metrics = tl.metrics(12)
   assert metrics['sim_seconds'] == pytest.approx(12.0)

@@ -99,7 +99,7 @@ def test_conformance(name):
   for _ in range(100):
     state, info = step(state)
   assert len(traces) == 1, 'the step was traced more than once (recompilation)'
-  assert info.bytes_sent.shape == (M,)
+  assert info.wire.sent.shape == (M,)
   for leaf in jax.tree.leaves(state):
     if jnp.issubdtype(leaf.dtype, jnp.floating):
       assert bool(jnp.all(jnp.isfinite(leaf.astype(jnp.float32))))
@@ -167,7 +167,7 @@ def test_silent_steps_do_not_mix_workers(name):
     grads = grad(state.params)
     plain, info = step(state, grads)
     comms, sent, received = (np.asarray(x) for x in
-                             (info.comms, info.bytes_sent, info.bytes_received))
+                             (info.wire.events, info.wire.sent, info.wire.received))
     silent = not comms.any() and not sent.any() and not received.any()
     round_steps += bool(info.synced)
     quiet_between += not info.synced and not sent.any()
@@ -179,8 +179,8 @@ def test_silent_steps_do_not_mix_workers(name):
                                                  poke(grads))}.items():
       changed, info_changed = step(s, g)
       # What goes on the wire follows shapes and the schedule, not values.
-      np.testing.assert_array_equal(info_changed.comms, comms)
-      np.testing.assert_array_equal(info_changed.bytes_sent, sent)
+      np.testing.assert_array_equal(info_changed.wire.events, comms)
+      np.testing.assert_array_equal(info_changed.wire.sent, sent)
       for (path, a), (_, b) in zip(_per_worker_leaves(plain), _per_worker_leaves(changed)):
         a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
         assert a.shape[0] == M, f'{path} has no leading worker axis'
@@ -259,7 +259,7 @@ def test_diloco_one_worker_outer_sgd_lr1_equals_adamw():
                                                            y[t][None]))
     updates, opt_state = inner.update(jax.grad(loss)(plain, x[t], y[t]), opt_state, plain)
     plain = optax.apply_updates(plain, updates)
-    assert float(info.bytes_sent[0]) == 0.0       # one worker sends nothing
+    assert float(info.wire.sent[0]) == 0.0       # one worker sends nothing
   for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(plain)):
     np.testing.assert_allclose(a[0], b, rtol=1e-6, atol=1e-7)
 
@@ -271,15 +271,15 @@ def test_all_reduce_bytes_match_hand_count(dtype, itemsize):
   state = alg.init(params, 5, jax.random.PRNGKey(0))
   grads = jax.tree.map(jnp.ones_like, state.params)
   state, info = alg.step(state, grads)
-  assert not bool(info.synced) and float(info.bytes_sent.sum()) == 0.0
+  assert not bool(info.synced) and float(info.wire.sent.sum()) == 0.0
   state, info = alg.step(state, grads)
   want = 2 * (5 - 1) / 5 * 73 * itemsize
-  np.testing.assert_allclose(info.bytes_sent, want, rtol=1e-7)
-  np.testing.assert_allclose(info.bytes_received, want, rtol=1e-7)
-  np.testing.assert_array_equal(info.comms, 1)
+  np.testing.assert_allclose(info.wire.sent, want, rtol=1e-7)
+  np.testing.assert_allclose(info.wire.received, want, rtol=1e-7)
+  np.testing.assert_array_equal(info.wire.events, 1)
   ddp = algorithms.make('ddp', optax.sgd(0.1), transport_dtype=dtype)
   _, info = ddp.step(ddp.init(params, 5, jax.random.PRNGKey(0)), grads)
-  np.testing.assert_allclose(info.bytes_sent, want, rtol=1e-7)
+  np.testing.assert_allclose(info.wire.sent, want, rtol=1e-7)
 
 
 def test_bfloat16_transport_rounds_the_mean():
@@ -302,8 +302,8 @@ def test_dead_workers_are_left_out_and_adopt_the_mean():
   np.testing.assert_allclose(state.params['w'], -1.5)       # mean of the alive two
   size = 2 * 4
   # 2(m-1)/m S with m = 2, plus half of the S bytes the absent worker downloads.
-  np.testing.assert_allclose(info.bytes_sent, [size + size / 2, size + size / 2, 0.0])
-  np.testing.assert_allclose(info.bytes_received, [size, size, size])
+  np.testing.assert_allclose(info.wire.sent, [size + size / 2, size + size / 2, 0.0])
+  np.testing.assert_allclose(info.wire.received, [size, size, size])
 
 
 def test_inactive_workers_do_not_step():
@@ -316,7 +316,7 @@ def test_inactive_workers_do_not_step():
   ddp = algorithms.make('ddp', optax.sgd(1.0))
   _, info = ddp.step(ddp.init(params, 2, jax.random.PRNGKey(0)), grads,
                      StepContext(active=jnp.array([True, False])))
-  np.testing.assert_array_equal(info.bytes_sent, [8.0, 0.0])   # the idle worker sends nothing
+  np.testing.assert_array_equal(info.wire.sent, [8.0, 0.0])   # the idle worker sends nothing
 
 
 def _counting(calls):
@@ -349,7 +349,7 @@ def test_a_per_worker_sync_mask_syncs_only_those_workers_and_only_then():
   full, _ = step(state, grads, StepContext(sync=np.ones(M, bool), mixing=pairs))
   jax.effects_barrier()
   assert calls and bool(info.synced)
-  np.testing.assert_array_equal(info.bytes_sent > 0, mask)
+  np.testing.assert_array_equal(info.wire.sent > 0, mask)
   for field in ('params', 'anchor', 'outer_state'):
     for g, f, q in zip(*(jax.tree.leaves(getattr(s, field)) for s in (got, full, quiet))):
       np.testing.assert_array_equal(g[:2], f[:2])

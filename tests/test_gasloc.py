@@ -60,7 +60,7 @@ def test_gasloc_on_the_complete_graph_is_diloco_exactly(m, mix):
   _assert_trees_equal(got.anchor, ref.anchor)
   _assert_trees_equal(got.outer_state[1], ref.outer_state[1])     # Nesterov traces
   for a, b in zip(got_infos, ref_infos):
-    np.testing.assert_array_equal(a.bytes_sent, b.bytes_sent)
+    np.testing.assert_array_equal(a.wire.sent, b.wire.sent)
     assert bool(a.synced) == bool(b.synced)
 
 
@@ -99,7 +99,7 @@ def test_gasloc_round_on_a_ring_by_hand():
     grads = jax.vmap(jax.grad(loss))(state.params, x[t], y[t])
     phi = phi - lr * _flat(grads)
     state, info = step(state, grads)
-    sizes.append(np.asarray(info.bytes_sent))
+    sizes.append(np.asarray(info.wire.sent))
   w = topology_lib.make_topology('ring', m).weights
   theta = _flat(jax.tree.map(lambda v: jnp.broadcast_to(v, (m,) + v.shape), params))
   want = theta - outer_lr * (theta - w @ phi)
@@ -123,7 +123,7 @@ def test_proposed_points_on_the_complete_graph_without_momentum_is_diloco_with_o
     for u, v in zip(jax.tree.leaves(getattr(got, name)), jax.tree.leaves(getattr(ref, name))):
       np.testing.assert_allclose(u, v, rtol=1e-6, atol=1e-7)
   for a, b in zip(got_infos, ref_infos):
-    np.testing.assert_array_equal(a.bytes_sent, b.bytes_sent)
+    np.testing.assert_array_equal(a.wire.sent, b.wire.sent)
 
 
 @pytest.mark.parametrize('topology', ['ring', 'exponential'])
@@ -136,7 +136,7 @@ def test_proposed_points_at_eta_1_without_momentum_is_the_reconstruction_at_oute
   _assert_trees_equal(got.params, ref.params)
   _assert_trees_equal(got.anchor, ref.anchor)
   for a, b in zip(got_infos, ref_infos):
-    np.testing.assert_array_equal(a.bytes_sent, b.bytes_sent)
+    np.testing.assert_array_equal(a.wire.sent, b.wire.sent)
 
 
 @pytest.mark.parametrize('local_steps', [None, (1, 2, 2, 1, 2, 2)])
@@ -186,7 +186,7 @@ def test_a_dead_worker_keeps_its_own_round():
   w[np.diag_indices(m)] = 1.0 - w.sum(1)
   np.testing.assert_allclose(_flat(state.params), w @ phi, atol=1e-6)
   np.testing.assert_allclose(_flat(state.params)[1], phi[1], atol=1e-7)
-  np.testing.assert_array_equal(np.asarray(info.bytes_sent), [48, 0, 48, 96])
+  np.testing.assert_array_equal(np.asarray(info.wire.sent), [48, 0, 48, 96])
 
 
 def test_dsgd_step_by_hand():
@@ -226,7 +226,7 @@ def test_adpsgd_averages_with_a_partner_then_steps():
     want = w @ _flat(state.params) - lr * _flat(grads)    # gradient at x_i, pre-averaging
     state, info = step(state, grads)
     np.testing.assert_allclose(_flat(state.params), want, atol=1e-6)
-    np.testing.assert_array_equal(info.bytes_sent, 12 * 4)   # one partner per step
+    np.testing.assert_array_equal(info.wire.sent, 12 * 4)   # one partner per step
 
 
 def test_a2cid2_tick_by_hand():
@@ -253,7 +253,7 @@ def test_a2cid2_tick_by_hand():
     np.testing.assert_allclose(_flat(state.params), xs, atol=1e-5)
   tilde = state.inner_state[1].tilde
   np.testing.assert_allclose(_flat(tilde), xt, atol=1e-5)
-  np.testing.assert_array_equal(info.bytes_sent, 12 * 4)
+  np.testing.assert_array_equal(info.wire.sent, 12 * 4)
 
 
 def test_a2cid2_with_no_gradient_reaches_consensus_and_keeps_the_mean():

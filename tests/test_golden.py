@@ -118,8 +118,8 @@ def _trajectory(case: str) -> dict:
     (loss_M, _), grads = grad_fn(state.params, batches[t])
     state, info = step(state, grads)
     out['train_loss'].append(_floats(loss_M))
-    out['bytes_sent'].append(_floats(info.bytes_sent))
-    out['bytes_received'].append(_floats(info.bytes_received))
+    out['bytes_sent'].append(_floats(info.wire.sent))
+    out['bytes_received'].append(_floats(info.wire.received))
   (final_M, _), _ = grad_fn(state.params, batches[0])
   out['final_loss'] = _floats(final_M)
   return out

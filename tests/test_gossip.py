@@ -19,6 +19,7 @@ import pytest
 from loco import algorithms
 from loco import comm
 from loco import topology as topology_lib
+from loco import wire as wire_lib
 from loco import axis, placement
 from loco.errors import ConfigError
 
@@ -102,7 +103,7 @@ def test_every_implementation_is_w_and_preserves_the_mean(topo, seed, gamma):
   for out, state in results:
     chex.assert_trees_all_equal_shapes_and_dtypes(out, x)
     chex.assert_tree_all_finite(out)
-    chex.assert_shape(state.comm.bytes_sent, (m,))
+    chex.assert_shape(state.comm.sent, (m,))
   outs = {impl: _flat(out) for impl, (out, _) in zip(impls, results)}
   for impl in impls:
     np.testing.assert_allclose(outs[impl].mean(0), _flat(x).mean(0), atol=2e-6)
@@ -165,7 +166,7 @@ def test_mixes_and_dead_workers_match_the_dense_reference(name, mix):
                  delta, theta, alive=alive, key=3)
   for impl, (out, state) in zip(impls, results):
     np.testing.assert_allclose(_flat(out), want, atol=2e-5, err_msg=impl)
-    assert float(state.comm.bytes_sent[2]) == 0.0      # the dead worker sends nothing
+    assert float(state.comm.sent[2]) == 0.0      # the dead worker sends nothing
     assert int(state.comm.events[2]) == 0
   # A dead worker keeps its value.
   np.testing.assert_allclose(_flat(out)[2], _flat(delta)[2], atol=1e-6)
@@ -193,7 +194,7 @@ def test_per_tick_mixing_matrix_overrides_the_topology():
                     mixing=jnp.asarray(mixing, jnp.float32))
   np.testing.assert_allclose(_flat(out), mixing @ _flat(x), atol=1e-5)
   size = (3 * 2 + 4) * 4
-  np.testing.assert_array_equal(state.comm.bytes_sent, 2 * size)
+  np.testing.assert_array_equal(state.comm.sent, 2 * size)
 
 
 @pytest.mark.parametrize('alive', [None, [True, True, False, True, True, True]])
@@ -214,7 +215,7 @@ def test_a_pairwise_mixing_matrix_gathers_only_the_partner(alive):
   np.testing.assert_allclose(_flat(out), w_alive @ _flat(x), atol=1e-6)
   used = (w_alive > 0) & ~np.eye(m, dtype=bool)
   np.testing.assert_array_equal(state.comm.peers, used)
-  np.testing.assert_array_equal(state.comm.bytes_sent, used.sum(1) * 10 * 4)
+  np.testing.assert_array_equal(state.comm.sent, used.sum(1) * 10 * 4)
   np.testing.assert_array_equal(state.comm.kind, np.where(used.any(1), comm.GOSSIP,
                                                           comm.NO_COMM))
   live = jnp.asarray(live)
@@ -234,12 +235,12 @@ def test_absent_workers_download_what_they_adopt():
   (_, reduced), (_, gathered), (_, gossiped) = _run(transforms, _tree(m), alive=alive)
   ring = 2 * 2 / 3 * size
   upload = size / 3
-  np.testing.assert_allclose(reduced.bytes_sent, [ring + upload, 0, ring + upload,
+  np.testing.assert_allclose(reduced.sent, [ring + upload, 0, ring + upload,
                                                   ring + upload], rtol=1e-6)
-  assert float(np.sum(reduced.bytes_sent)) == pytest.approx(float(np.sum(reduced.bytes_received)))
-  np.testing.assert_allclose(reduced.bytes_received, [ring, size, ring, ring], rtol=1e-6)
-  np.testing.assert_allclose(gathered.comm.bytes_sent, [size, 0, size, size])
-  np.testing.assert_allclose(gathered.comm.bytes_received, [2 * size, 3 * size, 2 * size,
+  assert float(np.sum(reduced.sent)) == pytest.approx(float(np.sum(reduced.received)))
+  np.testing.assert_allclose(reduced.received, [ring, size, ring, ring], rtol=1e-6)
+  np.testing.assert_allclose(gathered.comm.sent, [size, 0, size, size])
+  np.testing.assert_allclose(gathered.comm.received, [2 * size, 3 * size, 2 * size,
                                                             2 * size])
   others = alive[None, :] & ~np.eye(m, dtype=bool)
   for wire, kind in ((reduced, comm.ALL_REDUCE), (gathered.comm, comm.ALL_GATHER)):
@@ -295,19 +296,19 @@ def test_bytes_per_step_equal_hand_counts(name, m, impl, dtype, messages):
   x = _tree(m)
   size = (3 * 2 + 4) * {'float32': 4, 'bfloat16': 2, 'float16': 2}[dtype]
   _, state = _run(comm.gossip(name, 'deltas', impl=impl, dtype=dtype), x)
-  np.testing.assert_allclose(state.comm.bytes_sent, messages * size, rtol=1e-6)
-  np.testing.assert_allclose(state.comm.bytes_received, messages * size, rtol=1e-6)
+  np.testing.assert_allclose(state.comm.sent, messages * size, rtol=1e-6)
+  np.testing.assert_allclose(state.comm.received, messages * size, rtol=1e-6)
   np.testing.assert_array_equal(state.comm.events, 1)
   # With worker 0 dead: it and its links carry nothing; on a ring its neighbours
   # lose one message each.
   alive = np.arange(m) != 0
   _, state = _run(comm.gossip(name, 'deltas', impl=impl, dtype=dtype), x, alive=alive)
-  assert float(state.comm.bytes_sent[0]) == 0.0 == float(state.comm.bytes_received[0])
+  assert float(state.comm.sent[0]) == 0.0 == float(state.comm.received[0])
   if name == 'ring' and m == 8:
-    np.testing.assert_allclose(np.asarray(state.comm.bytes_sent)[[1, 7]], size)
-    np.testing.assert_allclose(np.asarray(state.comm.bytes_sent)[2:7], 2 * size)
-  assert float(np.sum(state.comm.bytes_sent)) == pytest.approx(
-      float(np.sum(state.comm.bytes_received)))
+    np.testing.assert_allclose(np.asarray(state.comm.sent)[[1, 7]], size)
+    np.testing.assert_allclose(np.asarray(state.comm.sent)[2:7], 2 * size)
+  assert float(np.sum(state.comm.sent)) == pytest.approx(
+      float(np.sum(state.comm.received)))
 
 
 def test_transport_dtype_rounds_what_neighbours_receive():
@@ -344,7 +345,7 @@ def test_mixing_step_is_one_step(step):
 
   def worker(v):
     mixed, state = comm.mixing_step(v, topo, step=step)
-    return mixed, state.bytes_sent
+    return mixed, state.sent
 
   mixed, sent = jax.vmap(worker, axis_name=comm.WORKERS)(x)
   want = _flat(x) - step * (_flat(x) - topo.weights @ _flat(x))
@@ -404,7 +405,7 @@ class MixingOperatorTest(chex.TestCase):
       def worker(u, a):
         out, state = transform.update(u, transform.init(u), None,
                                       context=comm.WorkerContext(alive=a, key=key))
-        wire = comm.wire_bytes(state)
+        wire = wire_lib.collect(state)
         return out, (wire.sent, wire.received, wire.events)
 
       return jax.vmap(worker, axis_name=comm.WORKERS)(x, live)
@@ -521,7 +522,7 @@ def _gossip_placements(name, impl, mesh):
 
   def worker(u, p, a, k):
     out, state = g.update(u, g.init(p), p, context=comm.WorkerContext(alive=a, key=k))
-    return out, state.comm.bytes_sent
+    return out, state.comm.sent
 
   def block(u, p, a, k):   # shard_map: one worker per device
     first = lambda t: jax.tree.map(lambda z: z[0], t)
@@ -615,7 +616,7 @@ def test_gasloc_engine_on_8_devices_matches_one_device():
       grads = jax.tree.map(lambda g: g * scale, jax.vmap(jax.grad(loss))(state.params))
       state, info = step(state, grads)
     finals.append(state.params)
-    chex.assert_shape(info.bytes_sent, (m,))
+    chex.assert_shape(info.wire.sent, (m,))
   chex.assert_tree_all_finite(finals[1])
   chex.assert_trees_all_close(finals[1], finals[0], atol=1e-5)
   assert finals[1]['w'].sharding.is_equivalent_to(NamedSharding(mesh, P(comm.WORKERS)), 3)

@@ -153,11 +153,11 @@ def test_collective_bytes_agree_with_step_info(name):
   _, keys, carrier = ALGORITHMS[name]
   hlo, _, alg, state, grads = _compiled(name)
   info = _sync_info(alg, state, grads, keys.get('sync_every', 1))
-  payload = float(np.asarray(info.payload)[0])
+  payload = float(np.asarray(info.wire.payload)[0])
   sent = _traffic(hlo)[carrier]
   if carrier == 'collective-permute':      # a ring: one permutation each way
     assert sent == 2 * payload, (sent, payload)
-    assert float(np.asarray(info.bytes_sent)[0]) == 2 * payload
+    assert float(np.asarray(info.wire.sent)[0]) == 2 * payload
   else:
     assert payload <= sent <= payload + 64, (sent, payload)   # + the alive count
 
@@ -183,7 +183,7 @@ def test_sparseloco_gathers_only_its_top_k_payload():
   assert every_gather == 8 * (8 * kept + 4 * len(gathered)) + 8, (every_gather, kept)
   assert 8 * kept < model_bytes / 8
   info = _sync_info(alg, state, grads, keys['sync_every'])
-  reported = float(np.asarray(info.payload)[0])
+  reported = float(np.asarray(info.wire.payload)[0])
   assert kept * 2 / 8 < reported < 8 * kept, (reported, kept)
 
 
@@ -195,7 +195,7 @@ def test_a_compressed_all_reduce_is_simulated_by_a_dense_float32_reduction():
   _, keys, _ = ALGORITHMS['streaming_diloco']
   hlo, model_bytes, alg, state, grads = _compiled('streaming_diloco')
   info = _sync_info(alg, state, grads, keys['sync_every'])
-  reported = float(np.asarray(info.payload).max())
+  reported = float(np.asarray(info.wire.payload).max())
   dense = _traffic(hlo)['all-reduce']
   assert 0 < reported < dense / 4 and dense >= model_bytes * 0.8, (reported, dense)
 
@@ -315,7 +315,7 @@ def _run_steps(name, m, mesh, steps=4):
     if mesh is not None:
       grads = jax.device_put(grads, shardings.params)
     state, info = step(state, grads)
-    sent.append(np.asarray(info.bytes_sent))
+    sent.append(np.asarray(info.wire.sent))
   return jax.device_get(state.params), sent
 
 

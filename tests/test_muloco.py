@@ -54,7 +54,7 @@ def test_muloco_matches_numpy_replay_of_diloco_with_muon():
   sent = []
   for _ in range(STEPS):
     state, info = step(state)
-    sent.append(np.asarray(info.bytes_sent))
+    sent.append(np.asarray(info.wire.sent))
   expected = _replay(np.asarray(w0), targets)
   for i in range(M):
     np.testing.assert_allclose(state.params['w'][i], expected[i], atol=2e-5)

@@ -16,6 +16,7 @@ from loco import train
 from loco.engine import StepContext
 from loco.errors import ConfigError
 from loco.metrics import TIMING_KEYS, read_metrics
+from loco.wire import Wire
 
 
 def _net(step_seconds, bandwidth, latency):
@@ -49,10 +50,10 @@ def test_a_ring_all_reduce_is_as_slow_as_its_slow_link_wherever_it_sits(slow):
   bandwidth[slow, nxt] = bandwidth[nxt, slow] = 1e5
   net = _net([1.0] * 4, bandwidth, np.full((4, 4), 0.01))
   clock = net_lib.Clock(net)
-  clock.step(_wire(1, sent=2 * 3 / 4 * 4000.0, payload=4000.0, m=4))
+  _step(clock, _wire(1, sent=2 * 3 / 4 * 4000.0, payload=4000.0, m=4))
   np.testing.assert_allclose(clock.now, 1.0 + 6 * (0.01 + 1000 / 1e5))
   fast = net_lib.Clock(_net([1.0] * 4, np.full((4, 4), 1e6), np.full((4, 4), 0.01)))
-  fast.step(_wire(1, sent=2 * 3 / 4 * 4000.0, payload=4000.0, m=4))
+  _step(fast, _wire(1, sent=2 * 3 / 4 * 4000.0, payload=4000.0, m=4))
   np.testing.assert_allclose(fast.now, 1.0 + 6 * (0.01 + 1000 / 1e6))
 
 
@@ -67,13 +68,11 @@ def test_a_dropped_worker_behind_the_slowest_link_downloads_the_result_after_the
   alive = jnp.array([True, True, True, False])
   state = jax.vmap(lambda a: comm.ring_all_reduce_state(a, 3000.0),
                    axis_name=comm.WORKERS)(alive)
-  sent, received = np.asarray(state.bytes_sent), np.asarray(state.bytes_received)
+  sent, received = np.asarray(state.sent), np.asarray(state.received)
   assert received[3] == 3000.0 and sent[3] == 0.0
   assert sent.sum() == pytest.approx(received.sum())       # 3 x (2000 + 1000) = 3 x 2000 + 3000
   clock = net_lib.Clock(net)
-  clock.step(net_lib.StepWire(active=np.ones(4, bool), kind=np.asarray(state.kind),
-                              sent=sent, payload=np.asarray(state.payload),
-                              peers=np.asarray(state.peers)))
+  clock.step(jax.tree.map(np.asarray, state), np.ones(4, bool))
   ring = 1.0 + 4 * (0.01 + 1000 / 1e6)
   np.testing.assert_allclose(clock.now, [ring, ring, ring, ring + 0.01 + 3000 / 1e4])
 
@@ -90,33 +89,39 @@ def test_all_gather_and_gossip_times_by_hand():
   np.testing.assert_allclose(end, [7.0, 17.0, 17.0])
 
 
-def _wire(kind, sent=0.0, payload=0.0, peers=None, overlap_steps=0, m=3):
-  """A StepWire: every worker active, all of the same kind (0 none, 1 all-reduce)."""
+def _wire(kind, sent=0.0, payload=0.0, peers=None, overlap=None, m=3):
+  """A host Wire, all workers of the same kind (0 none, 1 all-reduce)."""
   peers = ~np.eye(m, dtype=bool) if peers is None else np.asarray(peers, bool)
-  return net_lib.StepWire(active=np.ones(m, bool), kind=np.full(m, kind),
-                          sent=np.full(m, float(sent)), payload=np.full(m, float(payload)),
-                          peers=peers if kind else np.zeros((m, m), bool),
-                          overlap_steps=overlap_steps)
+  return Wire(sent=np.full(m, float(sent)), received=np.full(m, float(sent)),
+              events=np.full(m, int(kind > 0)), kind=np.full(m, kind),
+              payload=np.full(m, float(payload)),
+              peers=peers if kind else np.zeros((m, m), bool),
+              overlap=None if overlap is None else np.full(m, overlap))
+
+
+def _step(clock, wire):
+  """One step of `clock` in which every worker computed."""
+  clock.step(wire, np.ones(len(wire.sent), bool))
 
 
 def test_clock_waits_for_the_slowest_worker_and_overlap_stalls_only_when_late():
   net = _net([1.0, 3.0, 1.0], np.full((3, 3), 100.0), np.zeros((3, 3)))
   clock = net_lib.Clock(net)
   sent = 2 * 2 / 3 * 300.0          # 300-byte payload: 4 phases of 100 B
-  clock.step(_wire(0))
+  _step(clock, _wire(0))
   np.testing.assert_allclose(clock.now, [1, 3, 1])
-  clock.step(_wire(1, sent, 300.0))
+  _step(clock, _wire(1, sent, 300.0))
   np.testing.assert_allclose(clock.now, [10, 10, 10])      # start 6 (slowest) + 4 x 1 s
   np.testing.assert_allclose(clock.compute, [2, 6, 2])
   assert net_lib.utilization(clock.compute, clock.seconds) == pytest.approx(10 / 30)
   # Overlapped with tau = 2: started at 13 (worker 1), arrives at 17; worker 0 needs it
   # at the end of step +2 (its clock 12 -> stalls to 17), worker 1 at 19 (no stall).
   clock = net_lib.Clock(net, now=np.array([10.0, 10.0, 10.0]))
-  clock.step(_wire(1, sent, 300.0, overlap_steps=2))
+  _step(clock, _wire(1, sent, 300.0, overlap=2))
   np.testing.assert_allclose(clock.now, [11, 13, 11])
-  clock.step(_wire(0))
+  _step(clock, _wire(0))
   np.testing.assert_allclose(clock.now, [12, 16, 12])
-  clock.step(_wire(0))
+  _step(clock, _wire(0))
   np.testing.assert_allclose(clock.now, [17, 19, 17])
   restored = net_lib.Clock(net)
   restored.load_state_dict(clock.state_dict())
@@ -153,9 +158,9 @@ def test_the_clock_times_the_matchings_the_engine_used(nano_config, tmp_path, na
   now, pairs = np.zeros(m), set()
   for step in range(1, 13):
     now = now + 0.5
-    wire = log.get(step)
-    if wire is None:
+    if step not in log:
       continue
+    _, wire = log[step]
     edges = wire.peers | wire.peers.T
     assert (edges.sum(1) <= 1).all(), 'a matching: one partner per worker'
     pairs |= {tuple(sorted(p)) for p in zip(*np.nonzero(np.triu(edges, 1)))}
@@ -349,8 +354,8 @@ def test_replay_with_unequal_speeds_runs_only_the_scheduled_outer_steps():
     # Workers outside this tick's exchanges keep their anchors and send nothing.
     np.testing.assert_array_equal(np.asarray(state.anchor['w'])[off],
                                   np.asarray(before.anchor['w'])[off])
-    assert (np.asarray(info.bytes_sent)[off] == 0).all()
-    assert (np.asarray(info.bytes_sent)[sched.sync[t]] == 20).all()   # 5 floats, 1 peer
+    assert (np.asarray(info.wire.sent)[off] == 0).all()
+    assert (np.asarray(info.wire.sent)[sched.sync[t]] == 20).all()   # 5 floats, 1 peer
 
 
 # ---------------------------------------------------------------------------

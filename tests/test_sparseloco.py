@@ -143,12 +143,12 @@ def test_bytes_per_sync_match_hand_count(kwargs, bits):
            'norm': jax.random.normal(jax.random.PRNGKey(2), (m, 64))}
   step = jax.jit(alg.step)
   state, info = step(state, grads)
-  assert not bool(info.synced) and float(info.bytes_sent.sum()) == 0.0
+  assert not bool(info.synced) and float(info.wire.sent.sum()) == 0.0
   state, info = step(state, grads)
   assert bool(info.synced)
-  np.testing.assert_array_equal(info.bytes_sent, bits / 8)
-  np.testing.assert_array_equal(info.bytes_received, (m - 1) * bits / 8)
-  np.testing.assert_array_equal(info.comms, 1)
+  np.testing.assert_array_equal(info.wire.sent, bits / 8)
+  np.testing.assert_array_equal(info.wire.received, (m - 1) * bits / 8)
+  np.testing.assert_array_equal(info.wire.events, 1)
 
 
 def _gather(compressor, x_MxN, divide, alive=None):
@@ -173,8 +173,8 @@ def test_contributors_versus_workers_division():
   for divide in ('contributors', 'workers'):
     got, state = _gather(None, x, divide)
     np.testing.assert_allclose(got, [[0.55, 1.05, 0.0, 0.0]] * 2)
-    np.testing.assert_array_equal(state.bytes_sent, 16.0)
-    np.testing.assert_array_equal(state.bytes_received, 16.0)
+    np.testing.assert_array_equal(state.sent, 16.0)
+    np.testing.assert_array_equal(state.received, 16.0)
 
 
 @pytest.mark.parametrize('divide', ['contributors', 'workers'])
@@ -203,9 +203,9 @@ def test_dead_workers_are_left_out_of_the_all_gather():
   alive = jnp.array([True, True, False])
   got, state = _gather(None, x, 'contributors', alive)
   np.testing.assert_allclose(got, 2.0)          # every worker adopts the alive mean
-  np.testing.assert_array_equal(state.bytes_sent, [8.0, 8.0, 0.0])
+  np.testing.assert_array_equal(state.sent, [8.0, 8.0, 0.0])
   # The absent worker sends nothing but downloads the two alive messages it adopts.
-  np.testing.assert_array_equal(state.bytes_received, [8.0, 8.0, 16.0])
+  np.testing.assert_array_equal(state.received, [8.0, 8.0, 16.0])
   np.testing.assert_array_equal(state.events, [1, 1, 1])
 
 
@@ -223,8 +223,8 @@ def test_diloco_with_compressed_pseudo_gradients():
     results[compression] = state.params
     if bits_per_value is not None:
       size = (73 * bits_per_value + 2 * 32) / 8
-      np.testing.assert_allclose(info.bytes_sent, 2 * (m - 1) / m * size, rtol=1e-6)
-      np.testing.assert_allclose(info.bytes_received, 2 * (m - 1) / m * size, rtol=1e-6)
+      np.testing.assert_allclose(info.wire.sent, 2 * (m - 1) / m * size, rtol=1e-6)
+      np.testing.assert_allclose(info.wire.received, 2 * (m - 1) / m * size, rtol=1e-6)
   exact = results['none']
   for compression, tol in (('e4m3', 2 ** -3), ('int8', 0.02), ('e3m0', 1.0)):
     for got, want in zip(jax.tree.leaves(results[compression]), jax.tree.leaves(exact)):

@@ -80,7 +80,7 @@ def test_sparta_diloco_matches_numpy_replay():
   for n in params:
     np.testing.assert_allclose(state.params[n], expected[n], atol=1e-5)
   # SPARTA's link talks every step; DiLoCo's rounds are every third.
-  assert all(float(i.bytes_sent[0]) > 0 for i in infos)
+  assert all(float(i.wire.sent[0]) > 0 for i in infos)
   assert [bool(i.synced) for i in infos] == [t % 3 == 0 for t in range(1, STEPS + 1)]
 
 
@@ -102,9 +102,9 @@ def test_sparta_bytes_by_hand():
     n = sum(int(m.sum()) for m in mask.values())
     assert 0 < n < 76
     expected = 2 * (M - 1) / M * 4 * n
-    np.testing.assert_allclose(info.bytes_sent, [expected] * M, rtol=1e-6)
-    np.testing.assert_allclose(info.bytes_received, [expected] * M, rtol=1e-6)
-    assert bool(jnp.all(info.kind == comm.ALL_REDUCE))
+    np.testing.assert_allclose(info.wire.sent, [expected] * M, rtol=1e-6)
+    np.testing.assert_allclose(info.wire.received, [expected] * M, rtol=1e-6)
+    assert bool(jnp.all(info.wire.kind == comm.ALL_REDUCE))
 
 
 def test_a_worker_that_is_not_alive_keeps_its_params_and_sends_nothing():
@@ -122,7 +122,7 @@ def test_a_worker_that_is_not_alive_keeps_its_params_and_sends_nothing():
   np.testing.assert_array_equal(out['w'][2], 0.0)
   np.testing.assert_allclose(stacked['w'][0] + out['w'][0],
                              params['w'] + (0 + 1 + 3) / 3, rtol=1e-6)
-  assert float(state.comm.bytes_sent[2]) == 0.0 and float(state.comm.bytes_sent[0]) > 0
+  assert float(state.comm.sent[2]) == 0.0 and float(state.comm.sent[0]) > 0
 
 
 @pytest.mark.parametrize('fraction', [0.0, 1.5, True])

@@ -55,7 +55,7 @@ def test_one_fragment_no_overlap_alpha0_equals_diloco():
   for _ in range(12):                                          # four rounds
     s_d, i_d = step_d(s_d, grad(s_d.params, scales))
     s_s, i_s = step_s(s_s, grad(s_s.params, scales))
-    np.testing.assert_array_equal(i_d.bytes_sent, i_s.bytes_sent)
+    np.testing.assert_array_equal(i_d.wire.sent, i_s.wire.sent)
     assert bool(i_d.synced) == bool(i_s.synced)
   for a, b in zip(jax.tree.leaves(s_d.params), jax.tree.leaves(s_s.params)):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
@@ -76,9 +76,9 @@ def test_update_synced_at_t_is_merged_at_t_plus_tau(tau, alpha):
     state, info = step(state, _per_worker_grads(state.params))
     block1 = np.asarray(state.params['blocks'][1]['w'])
     local = -s * g * np.ones((1, 2))                          # inner SGD lr 1, no merge yet
-    assert int(info.fragment) == (1 if s == 4 else -1)
-    assert int(info.overlap_steps) == (tau if s == 4 else 0)
-    assert (float(info.bytes_sent.sum()) > 0) == (s == 4)
+    np.testing.assert_array_equal(info.wire.fragment, [1 if s == 4 else -1] * 3)
+    np.testing.assert_array_equal(info.wire.overlap, [tau if s == 4 else 0] * 3)
+    assert (float(info.wire.sent.sum()) > 0) == (s == 4)
     if s < 4 + tau:
       np.testing.assert_allclose(block1, local, atol=1e-6)    # still in flight
   global_1 = -4 * g.mean() * np.ones((1, 2))                   # outer SGD lr 1: the mean
@@ -121,7 +121,7 @@ def test_peak_bytes_are_the_largest_fragment_payload(compression):
   per_step = []
   for _ in range(6):
     state, info = step(state, jax.tree.map(jnp.ones_like, state.params))
-    per_step.append(np.asarray(info.bytes_sent))
+    per_step.append(np.asarray(info.wire.sent))
   if compression == 'e3m0':       # 4 bits a value + one float32 scale a tensor
     payload = {0: 12 * 4 / 8 + 2 * 4, 1: 30 * 4 / 8 + 4 * 4, 2: 15 * 4 / 8 + 2 * 4}
   else:
@@ -186,8 +186,8 @@ def test_runs_in_the_train_chunk_on_the_model():
   batches = np.random.default_rng(0).integers(0, 64, (6, 2, 2, 17), dtype=np.int32)
   state, (losses, info) = chunk(state, jnp.asarray(batches), None, np.ones(6, bool))
   assert np.all(np.isfinite(np.asarray(losses)))
-  np.testing.assert_array_equal(info.fragment, [-1, 1, -1, 2, -1, 0])
-  sent = np.asarray(info.bytes_sent)[:, 0]
+  np.testing.assert_array_equal(info.wire.fragment[:, 0], [-1, 1, -1, 2, -1, 0])
+  sent = np.asarray(info.wire.sent)[:, 0]
   assert sent[5] > 0 and sent[1] > 0 and sent[1] == sent[3]   # the two blocks match
 
 

@@ -49,7 +49,7 @@ def register(name: str, spec: AlgorithmSpec | Callable[..., Algorithm]) -> None:
   """Adds an algorithm to the registry (`algorithm.name` in configs).
 
   Nothing else is needed to time it on a simulated network: the clock reads what its
-  steps report in `StepInfo`.
+  steps report in `StepInfo.wire`.
 
   Args:
     name: the `algorithm.name` config value.

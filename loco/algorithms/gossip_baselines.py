@@ -87,7 +87,7 @@ class A2CiD2State(NamedTuple):
   """State of the A2CiD2 exchange: the second variable and the gossip bookkeeping."""
   tilde: PyTree          # x~, A2CiD2's momentum variable, in the params' dtype
   count: jax.Array       # int32, exchanges so far (seeds the draw without a tick key)
-  comm: comm.CommState   # what the last exchange put on the wire
+  comm: comm.Wire        # what the last exchange put on the wire
 
 
 def a2cid2_exchange(topology: str = 'ring', *, weights: str = 'metropolis',
@@ -127,7 +127,7 @@ def a2cid2_exchange(topology: str = 'ring', *, weights: str = 'metropolis',
     num_workers = comm.static_num_workers(axis_name)
     if num_workers is not None:
       resolve(num_workers)   # a topology that does not fit M fails at init
-    return A2CiD2State(params, jnp.zeros((), jnp.int32), comm.empty_comm_state(axis_name=axis_name))
+    return A2CiD2State(params, jnp.zeros((), jnp.int32), comm.empty_wire(axis_name))
 
   def update(updates, state, params=None, *, context=None, **extra):
     del extra

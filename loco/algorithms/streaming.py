@@ -12,8 +12,8 @@ A composition of the engine's policies (`loco.sync_plan`, `loco.merge`):
              `merge.delayed(tau, alpha)`, or `merge.eager(tau, alpha)`.
 
 Bytes are what the link counts (the quantized payload plus per-tensor scales for the
-compressed all-reduce), for the synced fragment only, on its sync step; `StepInfo`'s
-`fragment` and `overlap_steps` tell the network clock that this traffic is due by the
+compressed all-reduce), for the synced fragment only, on its sync step; the `fragment`
+and `overlap` of `StepInfo.wire` tell the network clock that this traffic is due by the
 end of step s + tau.
 """
 
@@ -70,7 +70,7 @@ def streaming_diloco(inner: optax.GradientTransformation, *, sync_every: int = 1
     mesh: optional device mesh with a "workers" axis.
 
   Returns:
-    An `Algorithm` whose `StepInfo` has `fragment` and `overlap_steps` set.
+    An `Algorithm` whose `StepInfo.wire` has `fragment` and `overlap` set.
 
   References:
     Douillard et al., arXiv 2501.18512 (Streaming DiLoCo); Kale et al., arXiv

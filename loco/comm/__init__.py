@@ -1,6 +1,7 @@
 """Communication steps: the only code that looks across workers (DESIGN §1, §5).
 
-  core     CommState / Wire (what went over the wire), WorkerContext, all_reduce_mean
+  core     WorkerContext, all_reduce_mean, ring_all_reduce_state; each transform's state
+           holds a `loco.wire.Wire` (what went over the wire), re-exported here
   gossip   one mixing step over a graph (all-reduce / sparse ppermute / dense), gossip
   sparse   compressed collectives: sparse_all_gather_mean, compressed_all_reduce_mean
 
@@ -8,19 +9,18 @@ The graphs themselves (topologies, random families, `resolve_topology`) are host
 numpy in `loco.topology`; the names below re-export the ones algorithms use.
 """
 
-from loco.comm.core import (ALL_GATHER, ALL_REDUCE, GOSSIP, KINDS, NO_COMM, CommState,
-                            TRANSPORT_DTYPES, WORKERS, Wire, WorkerContext, alive_of,
-                            alive_peers, all_reduce_mean, empty_comm_state, no_wire,
-                            ring_all_reduce_state, static_num_workers, transport_dtype,
-                            tree_bytes, wire_bytes, worker_mean)
+from loco.comm.core import (TRANSPORT_DTYPES, WORKERS, WorkerContext, alive_of, alive_peers,
+                            all_reduce_mean, empty_wire, ring_all_reduce_state,
+                            static_num_workers, transport_dtype, tree_bytes, worker_mean)
 from loco.comm.gossip import (GossipState, Mixed, gossip, keep_snapshots, mixing_step,
                               round_key)
-from loco.comm.sparse import (CompressedCommState, compressed_all_reduce_mean,
+from loco.comm.sparse import (CompressedState, compressed_all_reduce_mean,
                               sparse_all_gather_mean)
 from loco.comm.sparta import SpartaState
 from loco.topology import is_all_reduce, pairwise_family, resolve_topology
+from loco.wire import ALL_GATHER, ALL_REDUCE, GOSSIP, KINDS, NO_COMM, Wire
 
 # The states of communication links: each worker's own (its wire record, error-feedback
 # residual, random key), never copied from another worker (a keep-local catch-up copies
 # the rest of the outer state).
-LINK_STATES = (CommState, CompressedCommState, GossipState, SpartaState)
+LINK_STATES = (Wire, CompressedState, GossipState, SpartaState)

@@ -5,10 +5,10 @@ Each transform here runs inside the engine's per-worker map (`jax.vmap` or a mes
 (`lax.psum`, `lax.ppermute`), which mean the same under vmap on one device and on a
 mesh. This is the only module that looks across workers.
 
-Every transform keeps a `CommState` recording what its last update put on the wire
-(DESIGN §5): values at their transport dtype, sparse indices at their bit width,
-scales and codebooks. The engine sums the `CommState`s it finds in the inner and outer
-chain states into `StepInfo`.
+Every transform keeps a `loco.wire.Wire` in its state, recording what its last update put
+on the wire (DESIGN §5): values at their transport dtype, sparse indices at their bit
+width, scales and codebooks. The engine merges the `Wire`s it finds in the inner and
+outer chain states into `StepInfo.wire` (`loco.wire.collect`).
 """
 
 from typing import Any, NamedTuple
@@ -19,8 +19,10 @@ import numpy as np
 import optax
 
 from loco import axis as comm_axis
+from loco import wire as wire_lib
 from loco.axis import WORKERS
 from loco.errors import ConfigError
+from loco.wire import ALL_GATHER, ALL_REDUCE, GOSSIP, KINDS, NO_COMM, Wire
 
 PyTree = Any
 
@@ -41,71 +43,9 @@ class WorkerContext(NamedTuple):
   snapshot: str | None = None
 
 
-# How a transform talked, for the network clock (loco/network.py reads only this).
-KINDS = ('none', 'all_reduce', 'all_gather', 'gossip')
-NO_COMM, ALL_REDUCE, ALL_GATHER, GOSSIP = range(len(KINDS))
-
-
-class CommState(NamedTuple):
-  """What a communication transform's last update put on the wire for this worker.
-
-  Attributes:
-    bytes_sent: float32 scalar.
-    bytes_received: float32 scalar.
-    events: int32 scalar, 1 if this worker communicated, else 0.
-    kind: int32 scalar, the collective (an index of `KINDS`).
-    payload: float32 scalar, bytes of one message: the all-reduced tree (at its wire
-      size), this worker's all-gathered message, or what crossed one gossip edge.
-    peers: [M] bool, the workers this one exchanged with (the edges actually used, or
-      the other participants of a collective).
-  """
-  bytes_sent: jax.Array
-  bytes_received: jax.Array
-  events: jax.Array
-  kind: jax.Array
-  payload: jax.Array
-  peers: jax.Array
-
-
-def empty_comm_state(num_workers: int | None = None, axis_name: str = WORKERS) -> CommState:
-  """No communication; M is the worker axis's size (inside the per-worker map)."""
-  m = num_workers if num_workers is not None else comm_axis.axis_size(axis_name)
-  return CommState(jnp.zeros((), jnp.float32), jnp.zeros((), jnp.float32),
-                   jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32),
-                   jnp.zeros((), jnp.float32), jnp.zeros((m,), bool))
-
-
-class Wire(NamedTuple):
-  """Everything a step put on the wire for one worker: the CommStates of its chains
-  merged (bytes and events added, the widest kind and payload, the union of peers)."""
-  sent: jax.Array
-  received: jax.Array
-  events: jax.Array
-  kind: jax.Array
-  payload: jax.Array
-  peers: jax.Array
-
-  def merge(self, other: 'Wire') -> 'Wire':
-    return Wire(self.sent + other.sent, self.received + other.received,
-                self.events + other.events, jnp.maximum(self.kind, other.kind),
-                jnp.maximum(self.payload, other.payload), self.peers | other.peers)
-
-  def where(self, pred: jax.Array) -> 'Wire':
-    """This wire where `pred`, else nothing (a worker that sat the step out)."""
-    return jax.tree.map(lambda x: jnp.where(pred, x, jnp.zeros_like(x)), self)
-
-
-def no_wire(num_workers: int | None = None, axis_name: str = WORKERS) -> Wire:
-  return Wire(*empty_comm_state(num_workers, axis_name))
-
-
-def wire_bytes(state: PyTree, axis_name: str = WORKERS) -> Wire:
-  """The `Wire` of the CommStates inside `state` (a chain's state after an update)."""
-  wire = no_wire(axis_name=axis_name)
-  for leaf in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, CommState)):
-    if isinstance(leaf, CommState):
-      wire = wire.merge(Wire(*leaf))
-  return wire
+def empty_wire(axis_name: str = WORKERS) -> Wire:
+  """No communication, for a transform's init (inside the per-worker map)."""
+  return wire_lib.empty(comm_axis.axis_size(axis_name))
 
 
 def alive_of(context: WorkerContext | None) -> jax.Array:
@@ -138,7 +78,7 @@ def alive_peers(alive: jax.Array, axis_name: str = WORKERS) -> jax.Array:
 
 
 def ring_all_reduce_state(alive: jax.Array, size, axis_name: str = WORKERS, *,
-                          absent_receive: bool = True, adopt=True) -> CommState:
+                          absent_receive: bool = True, adopt=True) -> Wire:
   """The wire of a ring all-reduce of `size` bytes among the alive workers.
 
   Each of m participants sends and receives 2 (m - 1) / m * size bytes. A worker that
@@ -160,11 +100,11 @@ def ring_all_reduce_state(alive: jax.Array, size, axis_name: str = WORKERS, *,
   downloads = comm_axis.psum(download.astype(jnp.float32), axis_name)
   upload = size * downloads / jnp.maximum(participants, 1.0)
   events = (alive & ((participants > 1) | (downloads > 0))) | download
-  return CommState(jnp.where(alive, ring + upload, 0.0),
-                   jnp.where(alive, ring, size * download),
-                   events.astype(jnp.int32),
-                   jnp.where(events, ALL_REDUCE, NO_COMM).astype(jnp.int32),
-                   jnp.where(events, size, 0.0), alive_peers(alive, axis_name) & events)
+  return Wire(jnp.where(alive, ring + upload, 0.0),
+              jnp.where(alive, ring, size * download),
+              events.astype(jnp.int32),
+              jnp.where(events, ALL_REDUCE, NO_COMM).astype(jnp.int32),
+              jnp.where(events, size, 0.0), alive_peers(alive, axis_name) & events)
 
 
 def tree_bytes(tree: PyTree, dtype=None) -> int:
@@ -204,7 +144,7 @@ def all_reduce_mean(dtype: str = 'float32',
     axis_name: the worker axis name.
 
   Returns:
-    An optax transformation whose state is a `CommState`.
+    An optax transformation whose state is a `Wire`.
 
   References:
     Patarasuk & Yuan 2009 (ring all-reduce bandwidth).
@@ -213,7 +153,7 @@ def all_reduce_mean(dtype: str = 'float32',
 
   def init(params):
     del params
-    return empty_comm_state(axis_name=axis_name)
+    return empty_wire(axis_name)
 
   def update(updates, state, params=None, *, context: WorkerContext | None = None, **extra):
     del state, params, extra

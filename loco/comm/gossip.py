@@ -30,7 +30,7 @@ stays doubly stochastic on the alive workers (their mean is kept) and a dead wor
 keeps its value. On the 'mean' path the alive workers average among themselves.
 
 Bytes (DESIGN §5): S = the tree's bytes at the transport dtype; per edge used this
-tick a worker sends S and receives S (`CommState.peers` are those edges, `payload` S);
+tick a worker sends S and receives S (`Wire.peers` are those edges, `payload` S);
 the 'mean' path counts the ring all-reduce, 2 (m - 1) / m S. Values are rounded to
 the transport dtype before they leave a worker; a worker's own value is never rounded
 (except on the 'mean' path, as in `all_reduce_mean`).
@@ -47,8 +47,8 @@ import numpy as np
 import optax
 
 from loco import topology as topology_lib
-from loco.comm.core import (GOSSIP, NO_COMM, WORKERS, CommState, WorkerContext, alive_of,
-                            empty_comm_state, ring_all_reduce_state, static_num_workers,
+from loco.comm.core import (GOSSIP, NO_COMM, WORKERS, Wire, WorkerContext, alive_of,
+                            empty_wire, ring_all_reduce_state, static_num_workers,
                             transport_dtype, tree_bytes, worker_mean)
 from loco.errors import ConfigError
 from loco import axis as comm_axis
@@ -64,7 +64,7 @@ _KEY_SALT = 0x60551
 class GossipState(NamedTuple):
   """State of the `gossip` transform."""
   count: jax.Array          # int32: applications so far (seeds the draw without a key)
-  comm: CommState           # what the last application put on the wire
+  comm: Wire                # what the last application put on the wire
   # With `stale=True`: the value this worker last sent, at the transport dtype (what
   # its partners merge in the overlapped asynchronous replay); () otherwise.
   snapshot: PyTree = ()
@@ -99,11 +99,11 @@ def _f32(tree: PyTree) -> PyTree:
   return optax.tree.cast(tree, jnp.float32)
 
 
-def _gossip_state(sent, received, peers, size) -> CommState:
+def _gossip_state(sent, received, peers, size) -> Wire:
   events = sent + received > 0
-  return CommState(sent, received, events.astype(jnp.int32),
-                   jnp.where(events, GOSSIP, NO_COMM).astype(jnp.int32),
-                   jnp.where(events, jnp.float32(size), 0.0), peers)
+  return Wire(sent, received, events.astype(jnp.int32),
+              jnp.where(events, GOSSIP, NO_COMM).astype(jnp.int32),
+              jnp.where(events, jnp.float32(size), 0.0), peers)
 
 
 def _sparse_residual(x32, sent_x, plan, i, alive_all, size, axis_name):
@@ -170,7 +170,7 @@ def mixing_step(x: PyTree, topo: topology_lib.Topology, *, step: float = 1.0,
                 context: WorkerContext | None = None, key: jax.Array | None = None,
                 dtype: str = 'float32', impl: str = 'auto',
                 axis_name: str = WORKERS,
-                partners: PyTree | None = None) -> tuple[Mixed, CommState]:
+                partners: PyTree | None = None) -> tuple[Mixed, Wire]:
   """One gossip step on this worker's tree: `x_i - step (x_i - sum_j W_ij x_j)`.
 
   Args:
@@ -187,7 +187,7 @@ def mixing_step(x: PyTree, topo: topology_lib.Topology, *, step: float = 1.0,
       the tick's `mixing` is required).
 
   Returns:
-    (the `Mixed` tree in float32, the `CommState` of this step).
+    (the `Mixed` tree in float32, the `Wire` of this step).
   """
   wire = _check(impl, dtype)
   if topo.num_workers != _axis_size(axis_name):
@@ -239,7 +239,7 @@ def _axis_size(axis_name: str) -> int:
 
 
 def _models_by_all_reduce(delta, theta, mix_deltas, alive, step, axis_name):
-  """'models' on the all-reduce path: (`theta_i - z_i`, CommState), z the mixed models."""
+  """'models' on the all-reduce path: (`theta_i - z_i`, Wire), z the mixed models."""
   # theta_i - mean(phi) = mean(delta) + (theta_i - mean(theta)) (at step 1; a smaller
   # step scales the difference from delta_i alike): the deltas go through
   # all_reduce_mean's code, and the anchor term is reduced centred on the max over
@@ -324,7 +324,7 @@ def gossip(topology: str | topology_lib.Topology, mix: str = 'models', *,
     if static_num_workers(axis_name) is not None:
       resolve()            # a topology that does not fit M fails at init
     snapshot = optax.tree.cast(optax.tree.zeros_like(params), wire) if stale else ()
-    return GossipState(jnp.zeros((), jnp.int32), empty_comm_state(axis_name=axis_name),
+    return GossipState(jnp.zeros((), jnp.int32), empty_wire(axis_name),
                        snapshot)
 
   def value(updates, params):

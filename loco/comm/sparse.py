@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import optax
 
 from loco import compress
-from loco.comm.core import (ALL_GATHER, NO_COMM, WORKERS, CommState, WorkerContext,
-                            adopts, alive_of, alive_peers, empty_comm_state, ring_all_reduce_state,
+from loco.comm.core import (ALL_GATHER, NO_COMM, WORKERS, Wire, WorkerContext, adopts,
+                            alive_of, alive_peers, empty_wire, ring_all_reduce_state,
                             worker_mean)
 from loco.errors import ConfigError
 from loco import axis as comm_axis
@@ -38,9 +38,9 @@ DIVIDE = ('contributors', 'workers')
 TRANSPORTS = ('auto', 'gather', 'dense')
 
 
-class CompressedCommState(NamedTuple):
+class CompressedState(NamedTuple):
   """A compressed collective's state: bytes on the wire, and its compressor's state."""
-  comm: CommState
+  comm: Wire
   compressor: PyTree
 
 
@@ -75,7 +75,7 @@ def _gathered_sum(decoded, mask, capacity: int, weight, axis_name):
 
 def _init(compressor, axis_name):
   def init(params):
-    return CompressedCommState(empty_comm_state(axis_name=axis_name), compressor.init(params))
+    return CompressedState(empty_wire(axis_name), compressor.init(params))
   return init
 
 
@@ -118,7 +118,7 @@ def sparse_all_gather_mean(
     axis_name: the worker axis name.
 
   Returns:
-    An optax transformation whose state is a `CompressedCommState`.
+    An optax transformation whose state is a `CompressedState`.
 
   References:
     SparseLoCo, arXiv 2508.15706; DeMo, arXiv 2411.19870 (all-gather of top-k).
@@ -157,10 +157,10 @@ def sparse_all_gather_mean(
     listens = alive | adopts(context)
     received = jnp.where(listens, comm_axis.psum(sent, axis_name) - sent, 0.0)
     events = jnp.where(alive, alive_count > 1, listens & (alive_count > 0))
-    wire = CommState(sent, received, events.astype(jnp.int32),
-                     jnp.where(events, ALL_GATHER, NO_COMM).astype(jnp.int32), sent,
-                     alive_peers(alive, axis_name) & events)
-    return mean, CompressedCommState(wire, inner)
+    wire = Wire(sent, received, events.astype(jnp.int32),
+                jnp.where(events, ALL_GATHER, NO_COMM).astype(jnp.int32), sent,
+                alive_peers(alive, axis_name) & events)
+    return mean, CompressedState(wire, inner)
 
   return optax.GradientTransformationExtraArgs(_init(compressor, axis_name), update)
 
@@ -189,7 +189,7 @@ def compressed_all_reduce_mean(
     axis_name: the worker axis name.
 
   Returns:
-    An optax transformation whose state is a `CompressedCommState`.
+    An optax transformation whose state is a `CompressedState`.
 
   References:
     Streaming DiLoCo, arXiv 2501.18512 (quantized outer gradients, FP32 reduction).
@@ -214,7 +214,7 @@ def compressed_all_reduce_mean(
       mean = compressor.decode(second.decoded)
     mean = optax.tree.cast_like(mean, updates)
     size = jnp.asarray(message.bits, jnp.float32) / 8.0
-    return mean, CompressedCommState(
+    return mean, CompressedState(
         ring_all_reduce_state(alive, size, axis_name, adopt=adopts(context)), inner)
 
   return optax.GradientTransformationExtraArgs(_init(compressor, axis_name), update)

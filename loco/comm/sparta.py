@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from loco.comm.core import (WORKERS, CommState, WorkerContext, alive_of, empty_comm_state,
+from loco.comm.core import (WORKERS, Wire, WorkerContext, alive_of, empty_wire,
                             ring_all_reduce_state, transport_dtype, worker_mean)
 from loco.errors import ConfigError
 
@@ -15,7 +15,7 @@ PyTree = Any
 
 class SpartaState(NamedTuple):
   """State of `random_parameter_average`: its wire and its own PRNG key."""
-  comm: CommState
+  comm: Wire
   key: jax.Array
 
 
@@ -61,7 +61,7 @@ def random_parameter_average(fraction: float = 0.005, *, dtype: str = 'float32',
 
   def init(params):
     del params
-    return SpartaState(empty_comm_state(axis_name=axis_name), jax.random.key(seed))
+    return SpartaState(empty_wire(axis_name), jax.random.key(seed))
 
   def update(updates, state, params=None, *, context: WorkerContext | None = None, **extra):
     del extra
