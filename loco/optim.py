@@ -43,6 +43,12 @@ class InnerConfig:
 
 
 def schedule(cfg: InnerConfig) -> optax.Schedule:
+  """Linear warm-up from 0 to `lr`, then cosine decay to `lr * final_lr_frac`. A traced
+  `lr` (runs batched as an axis, `loco.run_axis`) scales the unit schedule instead, the
+  same function up to rounding (optax's schedule branches on its peak in Python)."""
+  if not isinstance(cfg.lr, (int, float)):
+    unit = dataclasses.replace(cfg, lr=1.0)
+    return lambda count: cfg.lr * schedule(unit)(count)
   return optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=cfg.lr, warmup_steps=cfg.warmup_steps,
       decay_steps=cfg.warmup_steps + cfg.decay_steps,

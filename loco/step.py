@@ -31,6 +31,13 @@ def make_train_chunk(algorithm: Algorithm, model_cfg, graphdef, mesh=None,
   out by `valid`), so the chunk compiles once per run. A tick's train loss is the mean
   over the workers that step in it (`StepContext.active`).
   """
+  return jax.jit(chunk_fn(algorithm, model_cfg, graphdef, mesh, grad_mode), donate_argnums=0)
+
+
+def chunk_fn(algorithm: Algorithm, model_cfg, graphdef, mesh=None, grad_mode: str = 'auto'):
+  """`make_train_chunk`'s function before jit: `train_chunk(state, batches_KxMxBxL,
+  contexts, valid_K) -> (state, (losses_KxM, StepInfo))` (`loco.run_axis` maps it over
+  runs)."""
   loss_and_grad = jax.value_and_grad(
       functools.partial(model_lib.loss_fn, model_cfg, graphdef), has_aux=True)
   per_worker = axis.map_workers(loss_and_grad, grad_mode, mesh)
@@ -63,7 +70,7 @@ def make_train_chunk(algorithm: Algorithm, model_cfg, graphdef, mesh=None,
       state = jax.lax.with_sharding_constraint(state, placement.state_shardings(state, mesh))
     return state, outputs
 
-  return jax.jit(train_chunk, donate_argnums=0)
+  return train_chunk
 
 
 def init_state(exp: Experiment, algorithm: Algorithm, key: jax.Array, mesh=None):

@@ -105,7 +105,14 @@ def make(name: str, inner: optax.GradientTransformation, *, mesh=None, **kwargs:
   """Builds the registered algorithm `name` with the given keys, checked (`check`);
   the engine's keys (`spec.ENGINE_KEYS`) are applied to what the factory built."""
   check(name, kwargs)
-  spec = REGISTRY[name]
+  return build(name, inner, mesh=mesh, **kwargs)
+
+
+def build(name: str, inner: optax.GradientTransformation, *, mesh=None,
+          **kwargs: Any) -> Algorithm:
+  """`make` without the range checks: for keys already checked on their concrete
+  values whose values are now traced (`loco.run_axis` maps runs' knobs)."""
+  spec = spec_of(name)
   engine_keys = {k: kwargs.pop(k) for k in list(kwargs)
                  if k in spec_lib.ENGINE_KEYS and k not in spec.factory_keys()}
   algorithm = spec.factory(inner, mesh=mesh, **kwargs)
