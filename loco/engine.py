@@ -464,6 +464,36 @@ def local_updates(
                    keeps_local=outer is None or not merge.delay)
 
 
+def pairwise_gossip(inner: optax.GradientTransformation,
+                    outer_chain: Callable[[bool], optax.GradientTransformation],
+                    sync_every: int, peers: Callable[[int], Any], wire_dtype: str,
+                    mesh=None) -> Algorithm:
+  """A local-updates algorithm whose rounds are pairwise gossip in the outer chain
+  (GASLoC, NoLoCo), with the `AsyncReplay` that `network.mode='async'` drives.
+
+  Args:
+    inner: the per-worker inner chain.
+    outer_chain: `outer_chain(stale)`: the outer chain, its gossip keeping snapshots of
+      what it sends when `stale` (the overlapped replay merges partners' snapshots).
+    sync_every: H.
+    peers: `peers(M)` -> [M, M] bool, who may exchange with whom.
+    wire_dtype: the dtype models travel at.
+    mesh: optional device mesh with a "workers" axis.
+
+  Returns:
+    The algorithm (anchors are each worker's own: `shared_anchor=False`); its
+    `replay.overlapped()` builds the snapshot-keeping variant.
+  """
+  def build(stale: bool) -> Algorithm:
+    algorithm = local_updates(inner, outer_chain(stale), sync_every, shared_anchor=False,
+                              mesh=mesh)
+    return algorithm._replace(replay=AsyncReplay(
+        sync_every, peers, wire_dtype,
+        exchange_bytes=functools.partial(pair_exchange_bytes, outer_chain(False)),
+        overlapped=None if stale else lambda: build(True), snapshots=stale))
+  return build(False)
+
+
 def with_local_steps(algorithm: Algorithm, local_steps: Sequence[int]) -> Algorithm:
   """Per-worker local steps: worker i takes inner steps only in the first
   `local_steps[i]` steps of each round (`algorithm.round_steps`) and then waits for

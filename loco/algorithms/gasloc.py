@@ -1,6 +1,5 @@
 """GASLoC: decentralized DiLoCo, the all-reduce replaced by gossip over a graph."""
 
-import functools
 from typing import Any, NamedTuple
 
 import jax.numpy as jnp
@@ -10,7 +9,7 @@ from loco import comm
 from loco import optim
 from loco import topology as topology_lib
 from loco.algorithms.spec import AlgorithmSpec, Key
-from loco.engine import Algorithm, AsyncReplay, local_updates, pair_exchange_bytes
+from loco.engine import Algorithm, pairwise_gossip
 from loco.errors import ConfigError
 
 
@@ -127,18 +126,10 @@ def gasloc(inner: optax.GradientTransformation, *, sync_every: int = 500,
       return proposed_point_gossip(mixer, outer_lr, outer_momentum)
     return optax.chain(mixer, outer)
 
-  def build(stale: bool) -> Algorithm:
-    # Per-worker local steps (the paper's H_i) are the engine's `local_steps` key.
-    algorithm = local_updates(inner, outer_chain(stale), sync_every, shared_anchor=False,
-                              mesh=mesh)
-    peers = lambda m: topology_lib.resolve_topology(topology, m, weights=weights,
-                                                    seed=seed).adjacency
-    return algorithm._replace(replay=AsyncReplay(
-        sync_every, peers, transport_dtype,
-        exchange_bytes=functools.partial(pair_exchange_bytes, outer_chain(False)),
-        overlapped=None if stale else lambda: build(True), snapshots=stale))
-
-  return build(False)
+  # Per-worker local steps (the paper's H_i) are the engine's `local_steps` key.
+  peers = lambda m: topology_lib.resolve_topology(topology, m, weights=weights,
+                                                  seed=seed).adjacency
+  return pairwise_gossip(inner, outer_chain, sync_every, peers, transport_dtype, mesh)
 
 
 GASLOC = AlgorithmSpec(

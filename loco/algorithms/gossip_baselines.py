@@ -22,7 +22,7 @@ from loco import comm
 from loco import optim
 from loco import topology as topology_lib
 from loco.algorithms.spec import AlgorithmSpec
-from loco.engine import Algorithm, AsyncReplay, local_updates, pair_exchange_bytes
+from loco.engine import Algorithm, local_updates, pairwise_gossip
 from loco import axis as comm_axis
 
 PyTree = Any
@@ -218,17 +218,9 @@ def noloco(inner: optax.GradientTransformation, *, sync_every: int = 50,
     return optax.chain(comm.gossip(topology, 'models', dtype=transport_dtype, seed=seed,
                                    pairwise=True, stale=stale), outer)
 
-  def build(stale: bool) -> Algorithm:
-    algorithm = local_updates(inner, outer_chain(stale), sync_every, shared_anchor=False,
-                              mesh=mesh)
-    peers = lambda m: topology_lib.resolve_topology(topology, m, seed=seed,
-                                                    pairwise=True).adjacency
-    return algorithm._replace(replay=AsyncReplay(
-        sync_every, peers, transport_dtype,
-        exchange_bytes=functools.partial(pair_exchange_bytes, outer_chain(False)),
-        overlapped=None if stale else lambda: build(True), snapshots=stale))
-
-  return build(False)
+  peers = lambda m: topology_lib.resolve_topology(topology, m, seed=seed,
+                                                  pairwise=True).adjacency
+  return pairwise_gossip(inner, outer_chain, sync_every, peers, transport_dtype, mesh)
 
 
 DSGD = AlgorithmSpec(dsgd, example=dict(topology='ring'), carrier='collective-permute')
