@@ -432,15 +432,6 @@ def local_updates(
         outer_states[f] = jax.lax.cond(
             jnp.any(send), store, lambda ops: ops[2],
             (pick(p_leaves), pick(a_leaves), outer_states[f], tuple(map(pick, m_leaves))))
-      if ctx.send is not None:   # after the merges: the senders store their snapshots
-        send = jnp.asarray(ctx.send, bool)
-        snap = functools.partial(sync_fragment, view, num_workers, ctx.mixing, step_key,
-                                 'send')
-        outer_states[f] = jax.lax.cond(
-            jnp.any(send),
-            lambda ops: vmap(snap, (0, 0, 0, 0, 0, 0, 0))(*ops, active, alive, send)[0][2],
-            lambda ops: ops[2],
-            (pick(p_leaves), pick(a_leaves), outer_states[f], tuple(map(pick, m_leaves))))
       if merge.delay:     # delivery, tau steps after the sync (elementwise: no map)
         arrive = lambda p, a, m: jax.tree.leaves(
             merge.on_arrival(view(p), view(a), tuple(map(view, m))))

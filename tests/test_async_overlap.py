@@ -11,6 +11,7 @@ import optax
 import pytest
 
 from loco import algorithms
+from loco import comm
 from loco import network as net_lib
 from loco import schedule as schedule_lib
 from loco import timeline as timeline_lib
@@ -259,6 +260,35 @@ def test_a_merge_reads_the_partners_model_as_it_was_when_sent():
     fresh, _ = fresh_step(fresh, grads(fresh.params), ctx)
   assert np.all(np.isfinite(stale.params['w']))
   assert not np.allclose(stale.params['w'], fresh.params['w'])
+
+
+def _snapshots(state):
+  found = [x.snapshot for x in jax.tree.leaves(
+      state.outer_state, is_leaf=lambda x: isinstance(x, comm.GossipState))
+      if isinstance(x, comm.GossipState)]
+  assert len(found) == 1
+  return np.asarray(found[0]['w'])
+
+
+def test_a_send_tick_stores_only_the_senders_snapshots():
+  """Workers 0 and 1 send at tick 1, workers 2 and 3 at tick 2 (after everyone stepped):
+  the first pair's snapshots stay what they sent at tick 1 (their exchange is still in
+  flight), and only the second pair's change."""
+  alg = algorithms.make('gasloc', optax.sgd(0.1), sync_every=2,
+                        topology='ring').replay.overlapped()
+  state, grads = _toy(alg)
+  step = jax.jit(alg.step)
+  quiet = dict(sync=jnp.zeros(4, bool), mixing=jnp.eye(4, dtype=jnp.float32))
+  first = jnp.asarray([True, True, False, False])
+  state, _ = step(state, grads(state.params), StepContext(send=first, **quiet))
+  sent = _snapshots(state)
+  np.testing.assert_array_equal(sent[2:], 0.0)            # not sent yet: as initialised
+  assert np.abs(sent[:2]).max() > 0
+  state, _ = step(state, grads(state.params), StepContext(send=~first, **quiet))
+  after = _snapshots(state)
+  np.testing.assert_array_equal(after[:2], sent[:2])      # still what they sent
+  assert not np.allclose(after[2:], 0.0)                  # the second pair's, now
+  assert not np.allclose(after[2:], sent[2:])
 
 
 @pytest.mark.parametrize('name,kwargs', [
