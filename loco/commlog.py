@@ -8,7 +8,8 @@
 A row is a step's `loco.wire.Wire` (host arrays) and its active mask: `kind` indexes
 `loco.wire.KINDS`, `peers[i]` lists the workers i exchanged with, `overlap` is the
 wire's tau, left out when it is 0, `active` is left out when every worker computed,
-and `received` when no worker received beyond a collective's share. A step that is not
+and `received` when no worker received more than it sent (kept for catch-ups after
+offline dropout, which the clock times, and for all-gathers). A step that is not
 in the file is one in which every worker computed and nobody communicated. This is all
 `network.Clock` reads, so `loco.retime` can time a finished run on any other network
 without training again (`replay`).
@@ -52,8 +53,8 @@ def _row(step: int, active: np.ndarray, wire: Wire) -> dict | None:
 
 
 def _catches_up(kind, sent, received) -> bool:
-  # Written only when a worker received more than a collective's symmetric share
-  # (a catch-up after keep-local dropout), to keep the log small otherwise.
+  # Written only when a worker received more than it sent (a catch-up after offline
+  # dropout, or all-gathered messages), to keep the log small otherwise.
   return bool(np.any(np.asarray(received) > np.asarray(sent) + 0.5))
 
 

@@ -248,7 +248,7 @@ def local_updates(
     plan: H, inner steps between two syncs of the whole model, or a `SyncPlan`.
     merge: a `merge.Merge` policy; None: `merge.delayed(0, 0.0)`, `params <- anchor`.
     shared_anchor: whether the workers' anchors are one value (the all-reduce family),
-      so that a worker rejoining after keep-local dropout (`StepContext.rejoin`) copies
+      so that a worker rejoining after offline dropout (`StepContext.rejoin`) copies
       an up-to-date worker's anchor and outer state; False for gossip, whose anchors
       are each worker's own.
     mesh: a mesh with a "workers" axis to shard the worker axis over, or None (vmap on

@@ -378,7 +378,7 @@ class Clock:
     Args:
       wire: the step's record as host arrays, [M] (peers [M, M]); `received` is read
         for what a collective's member receives beyond its ring share (a worker catching
-        up after keep-local dropout), None: nothing beyond; `overlap` None: 0.
+        up after offline dropout), None: nothing beyond; `overlap` None: 0.
       active: [M] bool, the workers that computed this step.
     """
     work = np.where(np.asarray(active, bool), self.net.step_seconds, 0.0)
@@ -409,7 +409,7 @@ class Clock:
     each `absent` worker downloads the result (the reduced tree, or every member's
     message) once it exists, over its fastest link from a member; a member that
     received more than its ring share (`received`: a worker catching up after
-    keep-local dropout) downloads the excess after the ring, over its fastest link
+    offline dropout) downloads the excess after the ring, over its fastest link
     from another member."""
     start = self.now[members].max()
     m = len(members)

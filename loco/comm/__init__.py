@@ -21,6 +21,6 @@ from loco.topology import is_all_reduce, pairwise_family, resolve_topology
 from loco.wire import ALL_GATHER, ALL_REDUCE, GOSSIP, KINDS, NO_COMM, Wire
 
 # The states of communication links: each worker's own (its wire record, error-feedback
-# residual, random key), never copied from another worker (a keep-local catch-up copies
+# residual, random key), never copied from another worker (an offline worker's catch-up copies
 # the rest of the outer state).
 LINK_STATES = (Wire, CompressedState, GossipState, SpartaState)

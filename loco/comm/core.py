@@ -36,7 +36,7 @@ class WorkerContext(NamedTuple):
   mixing: jax.Array | None = None   # [M, M] mixing matrix of this tick (shared)
   key: jax.Array | None = None      # PRNG key of this tick (shared by all workers)
   adopt: jax.Array | None = None    # bool scalar: if absent, this worker downloads and
-                                    # adopts the result (False: keep-local dropout)
+                                    # adopts the result (False: offline dropout)
   # The overlapped asynchronous replay (static): None (mix current values), 'send'
   # (store the value to mix as this worker's snapshot; nothing moves) or 'merge' (mix
   # this worker's current value with its partners' snapshots).
@@ -57,7 +57,7 @@ def alive_of(context: WorkerContext | None) -> jax.Array:
 
 def adopts(context: WorkerContext | None) -> jax.Array:
   """Whether this worker, when absent, downloads the result (True unless the context
-  says it keeps its own state: keep-local dropout)."""
+  says it keeps its own state: offline dropout)."""
   if context is None or context.adopt is None:
     return jnp.ones((), bool)
   return jnp.asarray(context.adopt, bool)
@@ -87,7 +87,7 @@ def ring_all_reduce_state(alive: jax.Array, size, axis_name: str = WORKERS, *,
   of the collective, and the participants upload it: each sends `size * a / m` more
   for a absent workers, so every byte received is a byte sent. Without
   `absent_receive` an absent worker takes no part, nor with `adopt` False (this worker
-  keeps its own state when absent: keep-local dropout).
+  keeps its own state when absent: offline dropout).
 
   References:
     Patarasuk & Yuan 2009 (ring all-reduce bandwidth).
