@@ -124,6 +124,18 @@ def init_states(exp: Experiment, knobs: Mapping[str, np.ndarray], seeds: Sequenc
   """(graphdef, states): each run's initial state (its own seed), stacked over runs."""
   probe = algorithm_for(exp, {k: float(v[0]) for k, v in knobs.items()})
   graphdef, init, _ = step_lib.init_state(exp, probe, jax.random.key(0))
-  states = [init(jax.random.key(int(s))) for s in seeds]
+  return graphdef, stack([init(jax.random.key(int(s))) for s in seeds])
+
+
+def stack(states: Sequence[LocoState]) -> LocoState:
+  """One state per run -> the batched state (their step counters must agree)."""
+  steps = {int(s.step) for s in states}
+  if len(steps) != 1:
+    raise ValueError(f'batched runs must be at one step, got {sorted(steps)}.')
   stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
-  return graphdef, stacked._replace(step=states[0].step)
+  return stacked._replace(step=states[0].step)
+
+
+def unstack(states: LocoState, i: int) -> LocoState:
+  """Run `i`'s state out of the batched state (with the shared step counter)."""
+  return jax.tree.map(lambda x: x[i], states._replace(step=None))._replace(step=states.step)

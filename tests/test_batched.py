@@ -1,0 +1,144 @@
+"""Batched runs write each run's workdir as its solo run would: metrics, comms log,
+checkpoints; they resume, and a diverging run stops alone (loco/batched.py)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from loco import batched
+from loco import train
+from loco.errors import ConfigError, Interrupted
+from loco.metrics import read_metrics
+from tests.nano import make_nano_config
+
+RUNS = [dict(seed=1, lr=3e-3, outer_lr=0.7), dict(seed=2, lr=1e-3, outer_lr=0.5),
+        dict(seed=4, lr=6e-3, outer_lr=1.0)]
+
+
+def _config(glob, data_dir, run, name='diloco', **algorithm):
+  c = make_nano_config(glob, data_dir)
+  c.num_workers = 2
+  c.seed = run['seed']
+  c.optimizer.lr = run['lr']
+  c.algorithm.name = name
+  c.algorithm.sync_every = 3
+  c.algorithm.outer_lr = run['outer_lr']
+  for key, value in algorithm.items():
+    c.algorithm[key] = value
+  return c
+
+
+def _comms(workdir):
+  with open(os.path.join(workdir, 'comms.jsonl')) as f:
+    return [json.loads(line) for line in f]
+
+
+def _same_rows(a, b, keys=('train_loss', 'eval_loss')):
+  assert [r['step'] for r in a] == [r['step'] for r in b]
+  for x, y in zip(a, b):
+    for key in keys:
+      assert (key in x) == (key in y), key
+      if key in x:
+        np.testing.assert_allclose(x[key], y[key], rtol=2e-5, atol=2e-6, err_msg=key)
+    for key in ('tokens', 'bytes_sent', 'bytes_received', 'syncs', 'sim_seconds'):
+      assert x.get(key) == y.get(key), key
+
+
+@pytest.mark.parametrize('name, extra', [
+    ('diloco', {}),
+    ('gasloc', dict(topology='ring')),                          # gossip
+    ('sparseloco', dict(topk=8, chunk_size=64)),                # compressed
+])
+def test_each_batched_workdir_equals_its_solo_run(tmp_path, small_corpus_glob, data_dir,
+                                                  name, extra):
+  configs = [_config(small_corpus_glob, data_dir, run, name, **extra) for run in RUNS]
+  dirs = [str(tmp_path / f'batched{i}') for i in range(len(RUNS))]
+  results = batched.run_batched(configs, dirs)
+  assert [r['state'] for r in results] == ['finished'] * 3
+  for i, config in enumerate(configs):
+    solo = str(tmp_path / f'solo{i}')
+    train.run(config, solo)
+    _same_rows(read_metrics(dirs[i]), read_metrics(solo))
+    assert _comms(dirs[i]) == _comms(solo)
+    assert sorted(os.listdir(os.path.join(dirs[i], 'checkpoints'))) == sorted(
+        os.listdir(os.path.join(solo, 'checkpoints')))
+    with open(os.path.join(dirs[i], 'config.json')) as f:
+      assert json.load(f)['config']['seed'] == RUNS[i]['seed']
+  assert read_metrics(dirs[0])[-1]['train_loss'] != read_metrics(dirs[1])[-1]['train_loss']
+
+
+def test_batched_runs_resume_alone_or_together(tmp_path, small_corpus_glob, data_dir,
+                                               monkeypatch):
+  configs = [_config(small_corpus_glob, data_dir, run) for run in RUNS[:2]]
+  dirs = [str(tmp_path / 'a'), str(tmp_path / 'b')]
+  # Stopped after the step-10 checkpoint (Ctrl-C at the next chunk).
+  real = batched._chunks
+
+  def stop_at_15(start, *args):
+    for item in real(start, *args):
+      if item[0] >= 15:
+        train.STOP.set()
+      yield item
+  monkeypatch.setattr(batched, '_chunks', stop_at_15)
+  outcomes = {}
+  with pytest.raises(Interrupted):
+    batched.run_batched(configs, dirs, outcomes)
+  train.STOP.clear()
+  assert [o['state'] for o in outcomes.values()] == ['interrupted'] * 2
+  assert 'checkpoint (step 10)' in outcomes[dirs[0]]['error']
+  monkeypatch.setattr(batched, '_chunks', real)
+  # Run b resumes alone; then a (at step 10) and a new run c (at 0) go together.
+  train.run(configs[1], dirs[1])
+  third = _config(small_corpus_glob, data_dir, RUNS[2])
+  results = batched.run_batched([configs[0], configs[1], third],
+                                dirs + [str(tmp_path / 'c')])
+  assert [r['state'] for r in results] == ['finished'] * 3
+  for i, config in enumerate([configs[0], configs[1], third]):
+    solo = str(tmp_path / f'solo{i}')
+    train.run(config, solo)
+    _same_rows(read_metrics((dirs + [str(tmp_path / 'c')])[i]), read_metrics(solo))
+
+
+def test_a_diverging_run_stops_alone(tmp_path, small_corpus_glob, data_dir):
+  runs = [RUNS[0], dict(seed=2, lr=1e-3, outer_lr=1e6)]   # the outer step explodes
+  configs = [_config(small_corpus_glob, data_dir, run) for run in runs]
+  configs[1].algorithm.outer_lr = 1.0
+  configs[1].optimizer.lr = 1e3
+  dirs = [str(tmp_path / 'ok'), str(tmp_path / 'bad')]
+  results = batched.run_batched(configs, dirs)
+  assert results[0]['state'] == 'finished'
+  assert results[1]['state'] == 'diverged', results[1]
+  assert os.path.exists(os.path.join(dirs[1], 'diverged.json'))
+  assert read_metrics(dirs[0])[-1]['step'] == 20
+  assert len(read_metrics(dirs[1])) < len(read_metrics(dirs[0]))
+  # The healthy run is its solo run.
+  train.run(configs[0], str(tmp_path / 'solo'))
+  _same_rows(read_metrics(dirs[0]), read_metrics(str(tmp_path / 'solo')))
+  # Again: the diverged run is refused, the finished one skipped.
+  again = batched.run_batched(configs, dirs)
+  assert [r['state'] for r in again] == ['finished', 'diverged']
+
+
+def test_runs_of_different_shapes_are_refused(tmp_path, small_corpus_glob, data_dir):
+  configs = [_config(small_corpus_glob, data_dir, run) for run in RUNS[:2]]
+  configs[1].algorithm.sync_every = 5
+  outcomes = {}
+  with pytest.raises(ConfigError, match='algorithm_kwargs.sync_every'):
+    batched.run_batched(configs, [str(tmp_path / 'a'), str(tmp_path / 'b')], outcomes)
+  assert all(o['state'] == 'failed' for o in outcomes.values())
+  assert not os.path.exists(tmp_path / 'a')
+
+
+def test_the_command_answers_bad_runs_files_in_one_line(tmp_path, capsys):
+  bad = tmp_path / 'runs.json'
+  bad.write_text('[{"workdir": 3}]')
+  assert batched.main([f'--runs={bad}']) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and 'must be a non-empty list' in err[0]
+  bad.write_text('{not json')
+  assert batched.main([f'--runs={bad}']) == 2
+  assert 'is not JSON' in capsys.readouterr().err
+  assert batched.main([f'--runs={tmp_path / "missing.json"}']) == 2
+  assert 'does not exist' in capsys.readouterr().err
