@@ -44,8 +44,9 @@ def _inner_knobs(exp: Experiment) -> dict[str, float]:
   return dict(lr=exp.inner.lr, weight_decay=exp.inner.weight_decay)
 
 
-def _shape_of(exp: Experiment) -> Experiment:
-  """The experiment with its run knobs and seed blanked: what batched runs share."""
+def shape_of(exp: Experiment) -> Experiment:
+  """The experiment with its run knobs and seed blanked: what batched runs share (runs
+  whose shapes are equal can train in one program)."""
   kwargs = {k: v for k, v in exp.algorithm_kwargs.items() if k != 'outer_lr'}
   return dataclasses.replace(
       exp, run=dataclasses.replace(exp.run, seed=0),
@@ -80,9 +81,9 @@ def knobs_of(exps: Sequence[Experiment]) -> dict[str, np.ndarray]:
   """
   if not exps:
     raise ConfigError('no runs to batch.')
-  first = _shape_of(exps[0])
+  first = shape_of(exps[0])
   for i, exp in enumerate(exps[1:], 1):
-    field = _first_difference(first, _shape_of(exp))
+    field = _first_difference(first, shape_of(exp))
     if field is not None:
       raise ConfigError(f'run {i} differs from run 0 in {field}, which batched runs must '
                         f'share (they may differ in seed and {", ".join(RUN_KNOBS.values())}).')

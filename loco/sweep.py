@@ -29,6 +29,12 @@ summary and writes OUT/report.md and plots (`loco.report`).
 
 Runs execute `--parallel` at a time on this machine. On a CPU each run already uses
 every core, so `--parallel=1` is the fastest there; use more on a many-core host.
+
+`--batch_runs=N` trains up to N runs that differ only in seed and the run knobs (inner
+lr, weight decay, outer lr: `loco.run_axis`) in one process and one compiled program
+(`loco.batched`): each still gets its own workdir, log and status, equal to its solo
+run's, and resumes alone or batched. The batch's runs file and shared output are in
+OUT/.batches/. Runs that cannot be batched run alone as before.
 """
 
 import collections
@@ -55,6 +61,7 @@ from loco.runs import LOG, STATUS, SWEEP, read_status  # noqa: F401  (older impo
 from loco.workdir import write_json
 
 PROG = 'loco.sweep'
+BATCHES = '.batches'     # OUT/.batches/TAG.json, .log, .results.json of batched runs
 _NAME = re.compile(r'^[A-Za-z0-9_.,=+-]+(/[A-Za-z0-9_.,=+-]+)*$')
 
 
@@ -304,47 +311,132 @@ def _die_with_parent():
 
 
 class _Active:
-  """A launched run: its process, log file and status."""
+  """A launched process training one run (`loco.main`) or a batch (`loco.batched`): its
+  runs' log files and statuses."""
 
-  def __init__(self, run: Run, cmd: list[str], workdir: str):
-    self.run, self.workdir = run, workdir
-    os.makedirs(workdir, exist_ok=True)
-    previous = read_status(workdir) or {}
-    self.status = dict(name=run.name, config=run.config, overrides=run.overrides,
-                       command=cmd, state='running', start=_now(), end=None,
-                       returncode=None, error=None,
-                       attempts=previous.get('attempts', 0) + 1,
-                       seconds=previous.get('seconds', 0.0), pid=None)
-    self.log = open(os.path.join(workdir, LOG), 'a')
-    self.log.write(f'==> loco.sweep attempt {self.status["attempts"]} at '
-                   f'{self.status["start"]}: {" ".join(cmd)}\n')
-    self.log.flush()
-    self.t0 = time.time()
-    self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
-    self.status['pid'] = self.proc.pid
-    write_json(os.path.join(workdir, STATUS), self.status)
-
-  def finish(self, code: int | None, interrupted: bool = False) -> str:
-    """Records the end of this attempt; returns the state."""
-    self.log.close()
-    if interrupted or code is None or code < 0:
-      state = 'interrupted'
-      error = f'killed by signal {-code}' if code is not None and code < 0 else 'interrupted'
-    elif code == 0:
-      state, error = 'finished', None
+  def __init__(self, runs: Sequence[Run], cmds: Mapping[str, list[str]], out: str):
+    self.runs = list(runs)
+    self.workdirs = {r.name: os.path.join(out, r.name) for r in runs}
+    self.results = self.batch_log = None
+    if len(runs) == 1:
+      proc_cmd = cmds[runs[0].name]
     else:
-      state, error = 'failed', runs_lib.read_error_line(self.workdir)
-    self.status.update(state=state, end=_now(), returncode=code, error=error,
-                       seconds=round(self.status['seconds'] + time.time() - self.t0, 1))
-    write_json(os.path.join(self.workdir, STATUS), self.status)
-    return state
+      folder = os.path.join(out, BATCHES)
+      os.makedirs(folder, exist_ok=True)
+      tag = f'{runs[0].name.replace("/", "_")}+{len(runs) - 1}'
+      spec = os.path.join(folder, f'{tag}.json')
+      self.results = os.path.join(folder, f'{tag}.results.json')
+      self.batch_log = os.path.join(folder, f'{tag}.log')
+      write_json(spec, [dict(workdir=self.workdirs[r.name], argv=cmds[r.name][3:])
+                        for r in runs])
+      if os.path.exists(self.results):
+        os.remove(self.results)
+      proc_cmd = [sys.executable, '-m', 'loco.batched', f'--runs={spec}',
+                  f'--results={self.results}']
+    self.status, self.logs = {}, {}
+    self.t0 = time.time()
+    start = _now()
+    for r in runs:
+      workdir = self.workdirs[r.name]
+      os.makedirs(workdir, exist_ok=True)
+      previous = read_status(workdir) or {}
+      self.status[r.name] = dict(
+          name=r.name, config=r.config, overrides=r.overrides, command=cmds[r.name],
+          state='running', start=start, end=None, returncode=None, error=None,
+          attempts=previous.get('attempts', 0) + 1, seconds=previous.get('seconds', 0.0),
+          pid=None, batch=None if len(runs) == 1 else [x.name for x in runs])
+      log = open(os.path.join(workdir, LOG), 'a')
+      how = '' if len(runs) == 1 else f' (batched with {len(runs) - 1} other run(s))'
+      log.write(f'==> loco.sweep attempt {self.status[r.name]["attempts"]} at {start}'
+                f'{how}: {" ".join(proc_cmd)}\n')
+      log.flush()
+      self.logs[r.name] = log
+    out_file = (self.logs[runs[0].name] if len(runs) == 1
+                else open(self.batch_log, 'w'))
+    self.proc = subprocess.Popen(proc_cmd, stdout=out_file, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+    if len(runs) > 1:
+      out_file.close()
+    for r in runs:
+      self.status[r.name]['pid'] = self.proc.pid
+      write_json(os.path.join(self.workdirs[r.name], STATUS), self.status[r.name])
+
+  def finish(self, code: int | None, interrupted: bool = False) -> dict[str, str]:
+    """Records the end of this attempt; returns each run's state."""
+    outcomes = {}
+    if self.results is not None:
+      try:
+        outcomes = runs_lib.read_json_object(self.results) or {}
+      except (LocoError, OSError):
+        outcomes = {}
+      text = ''
+      try:
+        with open(self.batch_log) as f:
+          text = f.read()
+      except OSError:
+        pass
+    states = {}
+    for r in self.runs:
+      log, status, workdir = self.logs[r.name], self.status[r.name], self.workdirs[r.name]
+      if self.results is not None:
+        log.write(text)
+      log.close()
+      outcome = outcomes.get(workdir) if isinstance(outcomes, dict) else None
+      if interrupted or code is None or code < 0:
+        state = 'interrupted'
+        error = f'killed by signal {-code}' if code is not None and code < 0 else 'interrupted'
+      elif self.results is None:
+        state, error = (('finished', None) if code == 0
+                        else ('failed', runs_lib.read_error_line(workdir)))
+      elif isinstance(outcome, dict) and outcome.get('state') == 'finished':
+        state, error = 'finished', None
+      elif isinstance(outcome, dict) and outcome.get('state') == 'interrupted':
+        state, error = 'interrupted', outcome.get('error') or 'interrupted'
+      else:
+        state = 'failed'
+        error = ((outcome or {}).get('error') if isinstance(outcome, dict) else None) or (
+            runs_lib.read_error_line(workdir))
+      status.update(state=state, end=_now(), returncode=code, error=error,
+                    seconds=round(status['seconds'] + time.time() - self.t0, 1))
+      write_json(os.path.join(workdir, STATUS), status)
+      states[r.name] = state
+    return states
+
+
+def batches(runs: Sequence[Run], cmds: Mapping[str, list[str]],
+            batch_runs: int) -> list[list[Run]]:
+  """The runs in launch order, grouped into batches of at most `batch_runs` runs that
+  can share a program (`loco.run_axis.shape_of`); a run whose config does not load or
+  that trains on a mesh goes alone (its own process then reports it)."""
+  if batch_runs <= 1:
+    return [[r] for r in runs]
+  from loco import experiment   # pylint: disable=g-import-not-at-top (imports jax)
+  from loco import run_axis     # pylint: disable=g-import-not-at-top
+  groups: list[tuple[Any, list[Run]]] = []
+  for r in runs:
+    try:
+      exp = experiment.parse_config(load_config(cmds[r.name][3:]))
+    except Exception:  # noqa: BLE001  loco.main reports it in the run's own log
+      groups.append((None, [r]))
+      continue
+    if exp.run.mesh_workers * exp.run.mesh_fsdp > 1:
+      groups.append((None, [r]))
+      continue
+    shape = run_axis.shape_of(exp)
+    for key, members in groups:
+      if key is not None and len(members) < batch_runs and key == shape:
+        members.append(r)
+        break
+    else:
+      groups.append((shape, [r]))
+  return [members for _, members in groups]
 
 
 def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
               extra: dict[str, Any] | None = None, retry_failed: bool = False,
               dry_run: bool = False, spec: str | None = None, report: bool = True,
-              stream=None, retimes: dict[str, dict[str, Any]] | None = None) -> int:
+              stream=None, retimes: dict[str, dict[str, Any]] | None = None,
+              batch_runs: int = 1) -> int:
   """Runs (or resumes) a sweep in `out`; returns the exit code (0: all finished).
 
   Args:
@@ -360,6 +452,8 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
     retimes: {name: {'network.KEY': value}} (`load_retimes`): after training, every
       finished synchronous run is re-timed on each of these networks (`loco.retime`)
       into `out/RUN/retimed/NAME`, unless that is already done.
+    batch_runs: train up to this many compatible runs in one process (`batches`);
+      `parallel` then counts processes.
 
   Returns:
     0 if every run finished (and every re-timing worked), 1 if one failed or a dry run
@@ -370,6 +464,8 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
   retimes = retimes or {}
   if parallel < 1:
     raise SweepError(f'--parallel must be >= 1, got {parallel}.')
+  if batch_runs < 1:
+    raise SweepError(f'--batch_runs must be >= 1, got {batch_runs}.')
   if not dry_run:
     cli.check_output_dir(out)     # a file or a read-only place: one line, nothing started
   cmds = {r.name: command(r, os.path.join(out, r.name), extra) for r in runs}
@@ -395,22 +491,26 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
   results = {r.name: 'skipped' for r in runs if plans[r.name][0] == 'skip'}
   for name in results:
     say(f'skip    {name:<{width}}  {plans[name][1]}')
-  todo = [r for r in runs if r.name not in results]
+  todo = batches([r for r in runs if r.name not in results], cmds, batch_runs)
   active: list[_Active] = []
   code = 0
   old_handlers = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGHUP)}
   try:
     while todo or active:
       while todo and len(active) < parallel:
-        r = todo.pop(0)
-        active.append(_Active(r, cmds[r.name], os.path.join(out, r.name)))
-        say(f'{plans[r.name][0]:<7} {r.name:<{width}}  {plans[r.name][1]}'.rstrip())
+        group = todo.pop(0)
+        active.append(_Active(group, cmds, out))
+        for r in group:
+          how = f' (batch of {len(group)})' if len(group) > 1 else ''
+          say(f'{plans[r.name][0]:<7} {r.name:<{width}}  {plans[r.name][1]}{how}'.rstrip())
       time.sleep(0.2)
       for a in [a for a in active if a.proc.poll() is not None]:
         active.remove(a)
-        state = results[a.run.name] = a.finish(a.proc.returncode)
-        detail = f'{a.status["seconds"]:.0f} s' if state == 'finished' else a.status['error']
-        say(f'{state:<7} {a.run.name:<{width}}  {detail}')
+        for name, state in a.finish(a.proc.returncode).items():
+          results[name] = state
+          status = a.status[name]
+          detail = f'{status["seconds"]:.0f} s' if state == 'finished' else status['error']
+          say(f'{state:<7} {name:<{width}}  {detail}')
   except (KeyboardInterrupt, _Stop) as e:
     code = 130
     say(f'stopping ({e or "Ctrl-C"}): interrupting {len(active)} running run(s); '
@@ -420,7 +520,7 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
       signal.signal(s, handler)
     for a in active:   # stopped, or an unexpected error: do not leave runs behind
       _terminate(a.proc)
-      results[a.run.name] = a.finish(a.proc.returncode, interrupted=True)
+      results.update(a.finish(a.proc.returncode, interrupted=True))
 
   _summary(runs, results, time.time() - t0, out, say)
   failed_retimes = 0 if code else _retime_runs(runs, out, retimes, say)
@@ -531,6 +631,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help='runs at once (default 1)')
   parser.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
                       help='config override for every run, after its own (repeatable)')
+  parser.add_argument('--batch_runs', type=cli.positive_int, default=1,
+                      help='train up to N runs that differ only in seed, lr, weight '
+                      'decay or outer lr in one process (default 1: each alone)')
   parser.add_argument('--retry_failed', action='store_true', help='re-run failed runs')
   parser.add_argument('--dry_run', action='store_true',
                       help='print the plan and check the configs; run nothing')
@@ -544,7 +647,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run_sweep(runs, out, parallel=args.parallel, extra=parse_sets(args.set),
                      retry_failed=args.retry_failed, dry_run=args.dry_run,
                      spec=args.spec, report=not args.no_report,
-                     retimes=load_retimes(args.spec))
+                     retimes=load_retimes(args.spec), batch_runs=args.batch_runs)
 
   return cli.run(PROG, body)
 

@@ -302,6 +302,45 @@ def test_a_sweep_re_times_its_finished_synchronous_runs_once(tmp_path, nano_file
   assert not os.path.exists(tmp_path / 'other')
 
 
+def test_batch_runs_trains_compatible_runs_in_one_process(tmp_path, nano_file):
+  out = str(tmp_path / 'sweep')
+  spec = _spec(tmp_path, f"[Run('a', {nano_file!r}), Run('b', {nano_file!r}, {{'seed': 1}}), "
+                         f"Run('bad', {nano_file!r}, {{'optimizer.lr': -1.0}}), "
+                         f"Run('c', {nano_file!r}, {{'optimizer.lr': 2e-3}}), "
+                         f"Run('d', {nano_file!r}, {{'batch_per_worker': 1}})]")
+  first = _sweep_cli(spec, f'--out={out}', '--batch_runs=3')
+  assert first.returncode == 1, first.stdout + first.stderr       # 'bad' failed alone
+  lines = first.stdout.splitlines()
+  assert [x.split()[:2] for x in lines[:3]] == [['start', 'a'], ['start', 'b'],
+                                                ['start', 'c']]
+  assert all(x.endswith('(batch of 3)') for x in lines[:3])
+  for name in ('a', 'b', 'c'):
+    status = _status(out, name)
+    assert status['state'] == 'finished' and status['batch'] == ['a', 'b', 'c'], status
+    assert status['command'][2] == 'loco.main'       # its solo command, for resuming
+    log = open(os.path.join(out, name, 'log.txt')).read()
+    assert '(batched with 2 other run(s)): ' in log and 'loco.batched --runs=' in log
+    assert f'loco.batched: {os.path.join(out, name)}: finished' in log
+  for name in ('bad', 'd'):
+    assert _status(out, name)['batch'] is None
+  assert _status(out, 'd')['state'] == 'finished'
+  assert _status(out, 'bad')['error'] == 'loco: error: optimizer.lr must be positive, got -1.0.'
+  losses = {n: [json.loads(x)['train_loss'] for x in open(os.path.join(out, n, 'metrics.jsonl'))]
+            for n in ('a', 'b', 'c')}
+  assert len({tuple(v) for v in losses.values()}) == 3     # their own seeds and lrs
+  # Run a trained alone gives the batched run's numbers.
+  (tmp_path / 'solo').mkdir()
+  solo = _sweep_cli(_spec(tmp_path / 'solo', f"[Run('a', {nano_file!r})]"),
+                    f'--out={tmp_path / "solo"}', '--no_report')
+  assert solo.returncode == 0, solo.stdout + solo.stderr
+  alone = [json.loads(x)['train_loss']
+           for x in open(os.path.join(tmp_path, 'solo', 'a', 'metrics.jsonl'))]
+  np.testing.assert_allclose(losses['a'], alone, rtol=2e-5)
+  again = _sweep_cli(spec, f'--out={out}', '--batch_runs=3', '--no_report')
+  assert [x.split()[:2] for x in again.stdout.splitlines()[:5]] == [
+      ['skip', name] for name in ('a', 'b', 'bad', 'c', 'd')]
+
+
 def test_failed_runs_rerun_only_with_retry_failed_or_a_changed_command(tmp_path, nano_file):
   out = str(tmp_path / 'sweep')
   spec = _spec(tmp_path, f"[Run('bad', {nano_file!r}, {{'optimizer.lr': -1.0}}), "
