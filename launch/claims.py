@@ -25,6 +25,8 @@ tokens per weight; claims at one step per communication: 300 steps). This tests 
 mechanisms at a small scale, far from the papers' regimes (see each claim's note). Runs
 are `loco.sweep` runs under OUT/tune and OUT/final: the same command resumes after an
 interruption and skips what is finished; the page is rewritten from the runs each time.
+Runs that differ only in seed or lr train three at a time in one program
+(`--batch_runs`, `loco.batched`), each equal to its solo run to float tolerance.
 `--quick` is the same pipeline with 36-step runs and two seeds (a pipeline check, not
 evidence); it writes OUT/claims.md.
 """
@@ -510,6 +512,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('--quick', action='store_true')
   parser.add_argument('--page', help=f'default: {PAGE}, or OUT/claims.md with --quick')
   parser.add_argument('--parallel', type=cli.positive_int, default=1)
+  parser.add_argument('--batch_runs', type=cli.positive_int, default=3,
+                      help='runs that differ only in seed or lr train up to N in one '
+                      'program (loco.sweep --batch_runs; 1: each alone)')
   parser.add_argument('--page_only', action='store_true',
                       help='write the page from the finished runs; train nothing')
   args = parser.parse_args(argv)
@@ -523,7 +528,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t0 = time.time()
     picks, g = study.run_all(args.out, methods(scale), finals(), scale.budget,
                              args.parallel, retimes={'slow_links': SLOW_LINKS},
-                             train=not args.page_only)
+                             train=not args.page_only, batch_runs=args.batch_runs)
     if not args.page_only:
       total = _seconds(clock, 0.0) + time.time() - t0   # read before the rewrite
       with open(clock + '.tmp', 'w') as f:

@@ -173,7 +173,7 @@ def _known(tune_dir: str, method: Method, budget: Budget
 
 
 def tune(out: str, methods: Sequence[Method], budget: Budget, parallel: int = 1,
-         train: bool = True) -> dict[str, dict[str, Any]]:
+         train: bool = True, batch_runs: int = 1) -> dict[str, dict[str, Any]]:
   """Trains the tuning stages in OUT/tune until every method's budget is spent; returns
   method -> {setting, label, loss, grid: [(label, loss)], edge: the knobs whose pick is
   still at the edge of what was tried}.
@@ -202,7 +202,7 @@ def tune(out: str, methods: Sequence[Method], budget: Budget, parallel: int = 1,
     # the whole tuning sweep.
     everything = [tuning_run(m, budget, s) for m, wanted, _, _ in plan.values()
                   for s in wanted]
-    code = run_sweep(everything, tune_dir, parallel, report=False)
+    code = run_sweep(everything, tune_dir, parallel, report=False, batch_runs=batch_runs)
     if code == 130:
       raise KeyboardInterrupt
   picks = {}
@@ -359,13 +359,15 @@ def seconds_to(curves: Sequence[Sequence[tuple[float, float]]], target: float
 
 def run_all(out: str, methods: Sequence[Method], finals: Sequence[Final], budget: Budget,
             parallel: int = 1, retimes: Mapping[str, Mapping[str, Any]] | None = None,
-            train: bool = True) -> tuple[dict[str, Any], dict[str, Group]]:
-  """Tunes, runs the finals, scores them; returns (picks, groups)."""
-  picks = tune(out, methods, budget, parallel, train)
+            train: bool = True, batch_runs: int = 1
+            ) -> tuple[dict[str, Any], dict[str, Group]]:
+  """Tunes, runs the finals, scores them; returns (picks, groups). `batch_runs`: runs
+  that differ only in seed or lr train up to this many in one program (`loco.sweep`)."""
+  picks = tune(out, methods, budget, parallel, train, batch_runs)
   if train:
     code = run_sweep(final_runs(methods, finals, budget, picks),
                      os.path.join(out, 'final'), parallel, report=False,
-                     retimes=dict(retimes or {}))
+                     retimes=dict(retimes or {}), batch_runs=batch_runs)
     if code == 130:
       raise KeyboardInterrupt
     score_finals(out, finals, budget)
