@@ -123,6 +123,12 @@ def _scheduled_decay(rate: float, lr: optax.Schedule, mask) -> optax.GradientTra
 OUTER_OPTIMIZERS = ('sgd', 'nesterov', 'heavy_ball', 'adam')
 
 
+def positive(x) -> bool:
+  """Whether a knob that switches a state on (a momentum) is > 0; a traced value
+  (`loco.run_axis`, whose batched runs agree on it) counts as positive."""
+  return True if isinstance(x, jax.core.Tracer) else x > 0
+
+
 def outer_optimizer(kind: str, lr: float, momentum: float = 0.0,
                     b2: float = 0.99) -> optax.GradientTransformation:
   """A named outer optimizer applied to (averaged) pseudo-gradients.
@@ -142,8 +148,9 @@ def outer_optimizer(kind: str, lr: float, momentum: float = 0.0,
                       f'got {kind!r}.')
   if kind == 'sgd':
     return optax.sgd(lr)
+  on = positive(momentum)
   if kind == 'nesterov':
-    return optax.sgd(lr, momentum=momentum or None, nesterov=momentum > 0)
+    return optax.sgd(lr, momentum=momentum if on else None, nesterov=on)
   if kind == 'heavy_ball':
-    return optax.sgd(lr, momentum=momentum or None)
+    return optax.sgd(lr, momentum=momentum if on else None)
   return optax.adam(lr, b1=momentum, b2=b2)

@@ -37,7 +37,12 @@ RUN_KNOBS = {
     'lr': 'optimizer.lr',                    # the inner schedule's peak
     'weight_decay': 'optimizer.weight_decay',
     'outer_lr': 'algorithm.outer_lr',
+    # Batched runs agree on whether it is > 0 (that decides whether a momentum exists).
+    'outer_momentum': 'algorithm.outer_momentum',
+    'gossip_step': 'algorithm.gossip_step',
+    'error_decay': 'algorithm.error_decay',
 }
+_ALGORITHM_KNOBS = ('outer_lr', 'outer_momentum', 'gossip_step', 'error_decay')
 
 
 def _inner_knobs(exp: Experiment) -> dict[str, float]:
@@ -47,7 +52,11 @@ def _inner_knobs(exp: Experiment) -> dict[str, float]:
 def shape_of(exp: Experiment) -> Experiment:
   """The experiment with its run knobs and seed blanked: what batched runs share (runs
   whose shapes are equal can train in one program)."""
-  kwargs = {k: v for k, v in exp.algorithm_kwargs.items() if k != 'outer_lr'}
+  kwargs = {k: v for k, v in exp.algorithm_kwargs.items() if k not in _ALGORITHM_KNOBS}
+  defaults = algorithms.settings_of(exp.algorithm_name, {})
+  if 'outer_momentum' in defaults:
+    kwargs['outer_momentum > 0'] = exp.algorithm_kwargs.get(
+        'outer_momentum', defaults['outer_momentum']) > 0
   return dataclasses.replace(
       exp, run=dataclasses.replace(exp.run, seed=0),
       inner=dataclasses.replace(exp.inner, lr=0.0, weight_decay=0.0),
@@ -89,8 +98,9 @@ def knobs_of(exps: Sequence[Experiment]) -> dict[str, np.ndarray]:
                         f'share (they may differ in seed and {", ".join(RUN_KNOBS.values())}).')
   defaults = algorithms.settings_of(exps[0].algorithm_name, {})
   knobs = {k: [_inner_knobs(e)[k] for e in exps] for k in ('lr', 'weight_decay')}
-  if 'outer_lr' in defaults:
-    knobs['outer_lr'] = [e.algorithm_kwargs.get('outer_lr', defaults['outer_lr']) for e in exps]
+  for name in _ALGORITHM_KNOBS:
+    if name in defaults:
+      knobs[name] = [e.algorithm_kwargs.get(name, defaults[name]) for e in exps]
   return {k: np.asarray(v, np.float32) for k, v in knobs.items()}
 
 
@@ -100,8 +110,7 @@ def algorithm_for(exp: Experiment, knobs: Mapping[str, Any], mesh=None) -> Algor
   inner = optim.inner_optimizer(dataclasses.replace(
       exp.inner, lr=knobs['lr'], weight_decay=knobs['weight_decay']))
   kwargs = dict(exp.algorithm_kwargs)
-  if 'outer_lr' in knobs:
-    kwargs['outer_lr'] = knobs['outer_lr']
+  kwargs.update({k: knobs[k] for k in _ALGORITHM_KNOBS if k in knobs})
   return algorithms.build(exp.algorithm_name, inner, mesh=mesh, **kwargs)
 
 

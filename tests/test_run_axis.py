@@ -12,8 +12,14 @@ from loco.experiment import build_algorithm, parse_config
 from tests.nano import make_nano_config
 
 R, K = 3, 4
-RUNS = [dict(seed=1, lr=3e-3, outer_lr=0.7), dict(seed=2, lr=1e-3, outer_lr=0.5),
-        dict(seed=5, lr=6e-3, outer_lr=1.0)]
+RUNS = [dict(seed=1, lr=3e-3, outer_lr=0.7, outer_momentum=0.9, gossip_step=1.0,
+             error_decay=0.95),
+        dict(seed=2, lr=1e-3, outer_lr=0.5, outer_momentum=0.5, gossip_step=0.5,
+             error_decay=0.9),
+        dict(seed=5, lr=6e-3, outer_lr=1.0, outer_momentum=0.95, gossip_step=0.8,
+             error_decay=1.0)]
+KNOBS = {'diloco': ('outer_momentum',), 'gasloc': ('outer_momentum', 'gossip_step'),
+         'sparseloco': ('error_decay',)}
 ALGORITHMS = {
     'diloco': dict(sync_every=2),
     'gasloc': dict(sync_every=2, topology='ring'),                      # gossip
@@ -29,7 +35,9 @@ def _experiments(small_corpus_glob, data_dir, name, runs=RUNS, **extra):
     c.seed = run['seed']
     c.optimizer.lr = run['lr']
     c.algorithm.name = name
-    for key, value in {**ALGORITHMS[name], 'outer_lr': run['outer_lr'], **extra}.items():
+    own = {k: run[k] for k in KNOBS[name]}
+    for key, value in {**ALGORITHMS[name], 'outer_lr': run['outer_lr'], **own,
+                       **extra}.items():
       c.algorithm[key] = value
     exps.append(parse_config(c))
   return exps
@@ -46,7 +54,8 @@ def _batches(exp, seed):
 def test_batched_runs_equal_their_solo_runs(small_corpus_glob, data_dir, name):
   exps = _experiments(small_corpus_glob, data_dir, name)
   knobs = run_axis.knobs_of(exps)
-  np.testing.assert_allclose(knobs['lr'], [r['lr'] for r in RUNS], rtol=1e-7)
+  for knob in ('lr', 'outer_lr') + KNOBS[name]:
+    np.testing.assert_allclose(knobs[knob], [r[knob] for r in RUNS], rtol=1e-7)
   graphdef, states = run_axis.init_states(exps[0], knobs, [r['seed'] for r in RUNS])
   batches = jnp.stack([_batches(e, i) for i, e in enumerate(exps)])
   valid = jnp.ones((K,), bool)
@@ -77,6 +86,15 @@ def test_runs_that_differ_in_shape_are_refused_in_one_line(small_corpus_glob, da
   assert str(err.value) == (
       'run 1 differs from run 0 in algorithm_kwargs.sync_every, which batched runs must '
       'share (they may differ in seed and optimizer.lr, optimizer.weight_decay, '
-      'algorithm.outer_lr).')
+      'algorithm.outer_lr, algorithm.outer_momentum, algorithm.gossip_step, '
+      'algorithm.error_decay).')
+  # Whether a momentum exists is shape: 0 against 0.9 is refused, 0.5 against 0.9 not.
+  plain = _experiments(small_corpus_glob, data_dir, 'diloco', runs=RUNS[1:2],
+                       outer_momentum=0.0)
+  with pytest.raises(ConfigError, match='in algorithm_kwargs.outer_momentum > 0, '):
+    run_axis.knobs_of(exps + plain)
+  knobs = run_axis.knobs_of(exps + _experiments(small_corpus_glob, data_dir, 'diloco',
+                                                runs=RUNS[1:2]))
+  np.testing.assert_allclose(knobs['outer_momentum'], [0.9, 0.5])
   with pytest.raises(ConfigError, match='no runs'):
     run_axis.knobs_of([])

@@ -33,7 +33,8 @@ def proposed_point_gossip(mixer: optax.GradientTransformationExtraArgs, eta: flo
   Returns the anchor's update `theta_new - theta`.
   """
   def init(params):
-    previous = optax.tree.zeros_like(optax.tree.cast(params, jnp.float32)) if gamma else ()
+    previous = (optax.tree.zeros_like(optax.tree.cast(params, jnp.float32))
+                if optim.positive(gamma) else ())
     return ProposalState(mixer.init(params), previous, jnp.zeros((), bool))
 
   def update(delta, state, params=None, **extra):
@@ -42,7 +43,7 @@ def proposed_point_gossip(mixer: optax.GradientTransformationExtraArgs, eta: flo
     mixed, mixer_state = mixer.update(step, state.mixer, params, **extra)
     out = optax.tree.scale(-1.0, mixed)
     previous = state.previous
-    if gamma:
+    if optim.positive(gamma):
       y = optax.tree.sub(optax.tree.cast(params, jnp.float32), step)
       velocity = optax.tree.scale(gamma, optax.tree.sub(y, state.previous))
       out = optax.tree.where(state.started, optax.tree.add(out, velocity), out)

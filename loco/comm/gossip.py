@@ -166,6 +166,11 @@ def _path(topo: topology_lib.Topology, impl: str, context: WorkerContext | None)
   return impl
 
 
+def _is_one(step) -> bool:
+  """Whether the gossip step is exactly 1 (a traced run knob is not known to be)."""
+  return not isinstance(step, jax.core.Tracer) and step == 1.0
+
+
 def mixing_step(x: PyTree, topo: topology_lib.Topology, *, step: float = 1.0,
                 context: WorkerContext | None = None, key: jax.Array | None = None,
                 dtype: str = 'float32', impl: str = 'auto',
@@ -202,7 +207,7 @@ def mixing_step(x: PyTree, topo: topology_lib.Topology, *, step: float = 1.0,
   if path == 'mean':
     mean = worker_mean(sent_x, alive.astype(jnp.float32), axis_name)
     # Exactly the mean at step 1 (the all-reduce).
-    toward = mean if step == 1.0 else optax.tree.add_scale(x32, step, optax.tree.sub(mean, x32))
+    toward = mean if _is_one(step) else optax.tree.add_scale(x32, step, optax.tree.sub(mean, x32))
     new = optax.tree.where(alive, toward, x32)
     moved = optax.tree.where(alive, optax.tree.scale(step, optax.tree.sub(mean, x32)),
                              optax.tree.zeros_like(x32))
@@ -310,11 +315,12 @@ def gossip(topology: str | topology_lib.Topology, mix: str = 'models', *,
   """
   if mix not in MIXES:
     raise ConfigError(f'algorithm.mix must be one of {", ".join(MIXES)}, got {mix!r}.')
-  if not 0.0 < step_size <= 1.0:
+  traced = isinstance(step_size, jax.core.Tracer)    # a run knob (loco.run_axis)
+  if not traced and not 0.0 < step_size <= 1.0:
     raise ConfigError(f'algorithm.gossip_step must be in (0, 1], got {step_size}.')
   wire = _check(impl, dtype)
   topology_lib.check_spec(topology, weights)
-  gamma = float(step_size)
+  gamma = step_size if traced else float(step_size)
 
   def resolve() -> topology_lib.Topology:
     return topology_lib.resolve_topology(topology, _axis_size(axis_name), weights=weights,

@@ -41,7 +41,7 @@ def error_feedback(compressor: Compressor, beta: float = 0.95) -> Compressor:
   """
   if not isinstance(compressor, Compressor):
     raise ConfigError('error_feedback needs a loco.compress Compressor.')
-  if not 0.0 <= beta <= 1.0:
+  if not isinstance(beta, jax.core.Tracer) and not 0.0 <= beta <= 1.0:  # traced: a run knob
     raise ConfigError(f'error feedback beta (algorithm.error_decay) must be in [0, 1], '
                       f'got {beta!r}.')
 
