@@ -92,6 +92,15 @@ def data_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture
+def in_repo():
+  """The repository root as the working directory (config paths are relative to it)."""
+  cwd = os.getcwd()
+  os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  yield
+  os.chdir(cwd)
+
+
+@pytest.fixture
 def nano_config(small_corpus_glob, data_dir):
   from tests.nano import make_nano_config
   return make_nano_config(small_corpus_glob, data_dir)

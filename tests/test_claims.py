@@ -13,14 +13,6 @@ from loco import sweep
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture
-def in_repo():
-  cwd = os.getcwd()
-  os.chdir(REPO)
-  yield
-  os.chdir(cwd)
-
-
 def _settings(method, budget):
   """Every setting the protocol can ask of a method: its five, and both extensions."""
   scores = {}

@@ -4,6 +4,7 @@
            holds a `loco.wire.Wire` (what went over the wire), re-exported here
   gossip   one mixing step over a graph (all-reduce / sparse ppermute / dense), gossip
   sparse   compressed collectives: sparse_all_gather_mean, compressed_all_reduce_mean
+  ties     ties_mean: outer gradients pruned by magnitude and merged by sign (TIES)
 
 The graphs themselves (topologies, random families, `resolve_topology`) are host-side
 numpy in `loco.topology`; the names below re-export the ones algorithms use.
@@ -17,6 +18,7 @@ from loco.comm.gossip import (GossipState, Mixed, gossip, keep_snapshots, mixing
 from loco.comm.sparse import (CompressedState, compressed_all_reduce_mean,
                               sparse_all_gather_mean)
 from loco.comm.sparta import SpartaState
+from loco.comm.ties import ties_mean
 from loco.topology import is_all_reduce, pairwise_family, resolve_topology
 from loco.wire import ALL_GATHER, ALL_REDUCE, GOSSIP, KINDS, NO_COMM, Wire
 

@@ -73,10 +73,26 @@ def _gathered_sum(decoded, mask, capacity: int, weight, axis_name):
   return summed.reshape(mask.shape), count.reshape(mask.shape)
 
 
-def _init(compressor, axis_name):
+def compressed_init(compressor, axis_name=WORKERS):
+  """The init of a compressed collective: an empty wire and the compressor's state."""
   def init(params):
     return CompressedState(empty_wire(axis_name), compressor.init(params))
   return init
+
+
+def gather_wire(bits, alive, context, axis_name=WORKERS) -> Wire:
+  """The wire of an all-gather of `bits` per alive worker (DESIGN section 5): each
+  sends its payload and receives the others'; an absent worker that adopts the result
+  downloads every message and sends nothing."""
+  weight = alive.astype(jnp.float32)
+  alive_count = comm_axis.psum(weight, axis_name)
+  sent = jnp.asarray(bits, jnp.float32) / 8.0 * weight
+  listens = alive | adopts(context)
+  received = jnp.where(listens, comm_axis.psum(sent, axis_name) - sent, 0.0)
+  events = jnp.where(alive, alive_count > 1, listens & (alive_count > 0))
+  return Wire(sent, received, events.astype(jnp.int32),
+              jnp.where(events, ALL_GATHER, NO_COMM).astype(jnp.int32), sent,
+              alive_peers(alive, axis_name) & events)
 
 
 def sparse_all_gather_mean(
@@ -152,17 +168,11 @@ def sparse_all_gather_mean(
       means.append((summed / jnp.maximum(count, 1.0)).astype(x.dtype))
     # A basis-change codec's payloads were summed as coefficients: decode once, after.
     mean = optax.tree.cast_like(compressor.decode(jax.tree.unflatten(treedef, means)), updates)
-    sent = jnp.asarray(message.bits, jnp.float32) / 8.0 * weight
     # An absent worker downloads every message unless it keeps its own state.
-    listens = alive | adopts(context)
-    received = jnp.where(listens, comm_axis.psum(sent, axis_name) - sent, 0.0)
-    events = jnp.where(alive, alive_count > 1, listens & (alive_count > 0))
-    wire = Wire(sent, received, events.astype(jnp.int32),
-                jnp.where(events, ALL_GATHER, NO_COMM).astype(jnp.int32), sent,
-                alive_peers(alive, axis_name) & events)
-    return mean, CompressedState(wire, inner)
+    return mean, CompressedState(gather_wire(message.bits, alive, context, axis_name), inner)
 
-  return optax.GradientTransformationExtraArgs(_init(compressor, axis_name), update)
+  return optax.GradientTransformationExtraArgs(compressed_init(compressor, axis_name),
+                                              update)
 
 
 def compressed_all_reduce_mean(
@@ -217,4 +227,5 @@ def compressed_all_reduce_mean(
     return mean, CompressedState(
         ring_all_reduce_state(alive, size, axis_name, adopt=adopts(context)), inner)
 
-  return optax.GradientTransformationExtraArgs(_init(compressor, axis_name), update)
+  return optax.GradientTransformationExtraArgs(compressed_init(compressor, axis_name),
+                                              update)

@@ -1,0 +1,82 @@
+"""launch.scaling: the published fits, the plan, the points and the overlay; the quick
+study end to end (slow)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from launch import scaling
+
+
+def test_the_published_fits_give_the_gaps_quoted_in_references():
+  # REFERENCES.md (2503.09799 Table 7 extrapolated): at 3.2M about +0.1/+1.1/+2.8/+5.3%,
+  # at 0.43M about +0.2/+1.4/+3.6/+6.7%; at 35M the fits are near Table 4's measurements.
+  for n, quoted in ((3.2e6, (0.1, 1.1, 2.8, 5.3)), (0.43e6, (0.2, 1.4, 3.6, 6.7))):
+    got = [100 * scaling.predicted_gap(n, m) for m in scaling.WORKERS]
+    np.testing.assert_allclose(got, quoted, atol=0.06)
+  at35 = [100 * scaling.predicted_gap(35e6, m) for m in scaling.WORKERS]
+  measured = [scaling.MEASURED[35e6][m] for m in scaling.WORKERS]
+  np.testing.assert_allclose(at35, measured, atol=0.35)
+
+
+def test_steps_are_multiples_of_four_rounds():
+  assert scaling.steps_for(20, 3_213_824, 128 * 128, 30) == 3960
+  assert scaling.steps_for(20, 3_213_824, 128 * 128, 30) % 120 == 0
+  assert scaling.steps_for(1e-6, 1000, 2048, 30) == 120       # at least 4 H
+
+
+class _Group:
+  def __init__(self, losses):
+    self.losses = losses
+    self.mean = float(np.mean(list(losses.values())))
+
+
+def test_points_are_paired_relative_gaps_with_cis(tmp_path):
+  plan = dict(preset='micro', params=426_752, tokens_per_weight=9.6, steps=2000, h=30,
+              batch=32, seq_len=64)
+  groups = {'ddp': _Group({1: 2.0, 2: 2.1, 3: 1.9}),
+            'diloco_m8': _Group({1: 2.1, 2: 2.2, 3: 2.0}),
+            'diloco_m1': _Group({1: 2.0, 2: 2.1})}
+  p = scaling.points(str(tmp_path), plan, groups)
+  m8 = p['workers']['8']
+  np.testing.assert_allclose(list(m8['gaps'].values()), [0.05, 0.1 / 2.1, 0.1 / 1.9])
+  assert m8['gap_ci'][0] < m8['gap_mean'] < m8['gap_ci'][1]
+  assert p['workers']['1']['gap_mean'] == 0.0 and '2' not in p['workers']
+  assert 'not all of M = 1, 2, 4, 8' in scaling.ordering(p)
+  groups.update(diloco_m2=_Group({1: 2.02, 2: 2.12, 3: 1.92}),
+                diloco_m4=_Group({1: 2.01, 2: 2.11, 3: 1.91}))
+  p = scaling.points(str(tmp_path), plan, groups)
+  assert scaling.ordering(p).startswith('does not follow')      # M = 4 below M = 2
+  (tmp_path / 'points.json').write_text(json.dumps(p))
+  path = scaling.overlay([str(tmp_path)], str(tmp_path / 'fig' / 'overlay.png'))
+  assert os.path.getsize(path) > 10_000
+
+
+def test_overlay_without_points_is_one_line(tmp_path, capsys):
+  assert scaling.main(['--overlay', str(tmp_path), f'--out={tmp_path / "o"}']) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f'launch.scaling: error: {tmp_path} has no points.json (run '
+                 'launch.scaling there first).']
+
+
+@pytest.mark.slow
+def test_the_quick_study_runs_end_to_end(tmp_path, in_repo):
+  out = str(tmp_path / 'quick')
+  assert scaling.main(['--quick', f'--out={out}']) == 0
+  with open(os.path.join(out, 'points.json')) as f:
+    p = json.load(f)
+  assert p['preset'] == 'nano' and sorted(p['workers']) == ['1', '2', '4', '8']
+  for w in p['workers'].values():
+    assert len(w['gaps']) == 2 and w['gap_ci'] is not None
+  page = open(os.path.join(out, 'scaling.md')).read()
+  assert '| M = 8 |' in page and 'Ordering:' in page
+  plan = json.load(open(os.path.join(out, 'plan.json')))
+  assert plan['steps'] == 12
+  # Batched: the finals' seeds trained in one program.
+  status = json.load(open(os.path.join(out, 'final', 'diloco_m8', 'seed1', 'status.json')))
+  assert status['batch'] == ['diloco_m8/seed1', 'diloco_m8/seed2']
+  # Again: nothing trains, the same points.
+  assert scaling.main(['--quick', f'--out={out}']) == 0
+  assert json.load(open(os.path.join(out, 'points.json'))) == p
