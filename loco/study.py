@@ -64,10 +64,20 @@ class Method:
 
 @dataclasses.dataclass(frozen=True)
 class Final:
-  """A method at its pick with some keys changed (a variant), run at every seed."""
+  """A method at its pick with some keys changed (a variant), run at every seed (or at
+  `seeds`, a figure's cheaper series). A string value may name `{seed}` and `{out}`
+  (the study's directory), e.g. a warm start from the same seed's run."""
   name: str
   method: str
   keys: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  seeds: tuple[int, ...] | None = None
+
+  def seeds_of(self, budget: 'Budget') -> tuple[int, ...]:
+    return budget.seeds if self.seeds is None else self.seeds
+
+  def keys_for(self, seed: int, out: str) -> dict[str, Any]:
+    return {k: v.format(seed=seed, out=out) if isinstance(v, str) else v
+            for k, v in self.keys.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +93,7 @@ class Budget:
   final_split: str = 'validation[50%:]'
   score_batches: int = 512              # loco.evaluate batches of 16 for the finals
   warmup_frac: float = 1 / 6
+  tune_fraction: float = 1.0            # tuning runs train this fraction of the steps
 
 
 def label(setting: Mapping[str, Any]) -> str:
@@ -90,8 +101,10 @@ def label(setting: Mapping[str, Any]) -> str:
                   f'{k.split(".")[-1]}{v}' for k, v in setting.items()) or 'default'
 
 
-def run_keys(method: Method, budget: Budget) -> dict[str, Any]:
+def run_keys(method: Method, budget: Budget, tuning: bool = False) -> dict[str, Any]:
   steps = budget.steps_h1 if method.h1 else budget.steps
+  if tuning:
+    steps = int(round(steps * budget.tune_fraction))
   return {**budget.common, 'steps': steps,
           'optimizer.warmup_steps': int(round(budget.warmup_frac * steps)), **method.keys}
 
@@ -152,7 +165,8 @@ def _final_loss(workdir: str) -> float | None:
 
 def tuning_run(method: Method, budget: Budget, setting: Mapping[str, Any]) -> Run:
   return Run(f'{method.name}/{label(setting)}', budget.base,
-             {**run_keys(method, budget), **setting, 'data.eval_split': budget.tuning_split,
+             {**run_keys(method, budget, tuning=True), **setting,
+              'data.eval_split': budget.tuning_split,
               'seed': budget.tune_seed})
 
 
@@ -219,12 +233,12 @@ def tune(out: str, methods: Sequence[Method], budget: Budget, parallel: int = 1,
 
 
 def final_runs(methods: Sequence[Method], finals: Sequence[Final], budget: Budget,
-               picks: Mapping[str, Mapping[str, Any]]) -> list[Run]:
+               picks: Mapping[str, Mapping[str, Any]], out: str = '') -> list[Run]:
   by_name = {m.name: m for m in methods}
   return [Run(f'{f.name}/seed{seed}', budget.base,
               {**run_keys(by_name[f.method], budget), **picks[f.method]['setting'],
-               **f.keys, 'data.eval_split': budget.final_split, 'seed': seed})
-          for f in finals for seed in budget.seeds]
+               **f.keys_for(seed, out), 'data.eval_split': budget.final_split, 'seed': seed})
+          for f in finals for seed in f.seeds_of(budget)]
 
 
 def _final(out: str, name: str, seed: int, budget: Budget):
@@ -245,7 +259,7 @@ def score_finals(out: str, finals: Sequence[Final], budget: Budget) -> None:
   """Scores every finished final with loco.evaluate (kept in RUN/evals; redone only
   after more training)."""
   for f in finals:
-    for seed in budget.seeds:
+    for seed in f.seeds_of(budget):
       found = _final(out, f.name, seed, budget)
       if found and found[1] is None:
         evaluate.evaluate_run(found[0].path, budget.score_batches, 16, budget.final_split)
@@ -262,6 +276,8 @@ class Group:
   bytes_received: float
   peak_bytes: float
   curves: list[list[tuple[float, float]]]    # per seed: (tokens, eval loss) while training
+  last: dict[str, float] = dataclasses.field(default_factory=dict)  # the last in-loop
+  # eval's numbers, mean over seeds (worker_spread, eval_loss_workers, sim_seconds, ...)
 
   @property
   def values(self) -> list[float]:
@@ -286,7 +302,7 @@ def groups(out: str, finals: Sequence[Final], budget: Budget) -> dict[str, Group
   result = {}
   for f in finals:
     losses, windows, docs, done = {}, {}, None, []
-    for seed in budget.seeds:
+    for seed in f.seeds_of(budget):
       found = _final(out, f.name, seed, budget)
       if not found or found[1] is None:
         continue
@@ -300,8 +316,11 @@ def groups(out: str, finals: Sequence[Final], budget: Budget) -> dict[str, Group
     mean = lambda key: float(np.mean([r.last.get(key) or 0.0 for r in done]))  # noqa: E731
     curves = [[(r['tokens'], r['eval_loss']) for r in run.metrics if 'eval_loss' in r]
               for run in done]
+    keys = set.intersection(*[{k for k, v in r.last.items() if isinstance(v, (int, float))}
+                              for r in done])
     result[f.name] = Group(f.name, losses, windows, docs, mean('bytes_sent'),
-                           mean('bytes_received'), mean('peak_bytes'), curves)
+                           mean('bytes_received'), mean('peak_bytes'), curves,
+                           {k: mean(k) for k in sorted(keys)})
   return result
 
 
@@ -365,7 +384,7 @@ def run_all(out: str, methods: Sequence[Method], finals: Sequence[Final], budget
   that differ only in seed or lr train up to this many in one program (`loco.sweep`)."""
   picks = tune(out, methods, budget, parallel, train, batch_runs)
   if train:
-    code = run_sweep(final_runs(methods, finals, budget, picks),
+    code = run_sweep(final_runs(methods, finals, budget, picks, out),
                      os.path.join(out, 'final'), parallel, report=False,
                      retimes=dict(retimes or {}), batch_runs=batch_runs)
     if code == 130:

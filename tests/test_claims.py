@@ -28,6 +28,11 @@ def _settings(method, budget):
   return wanted
 
 
+# Finals that change what a run trains on purpose (named in their claims' cards).
+WARM = ('diloco_warm', 'diloco_m1_warm')           # 3/4 of the steps after DDP's quarter
+REPLICA_SERIES = ('diloco_r1', 'diloco_r2', 'diloco_r4', 'diloco_r16')   # own batch each
+
+
 @pytest.mark.parametrize('scale', list(claims.SCALES))
 def test_every_run_config_loads_and_each_claim_compares_at_equal_tokens(scale, in_repo):
   s = claims.SCALES[scale]
@@ -35,7 +40,8 @@ def test_every_run_config_loads_and_each_claim_compares_at_equal_tokens(scale, i
   ms = claims.methods(s)
   tuning = [study.tuning_run(m, b, setting) for m in ms for setting in _settings(m, b)]
   picks = {m.name: dict(setting=study.settings(m, b, {})[0][1], loss=2.0) for m in ms}
-  final = study.final_runs(ms, claims.finals(), b, picks)
+  finals = claims.finals(s)
+  final = study.final_runs(ms, finals, b, picks, 'OUT')
   sweep.check_runs(tuning)
   sweep.check_runs(final)
   load = lambda runs: {r.name: sweep.load_config(sweep.command(r, 'w')[3:]) for r in runs}
@@ -46,22 +52,48 @@ def test_every_run_config_loads_and_each_claim_compares_at_equal_tokens(scale, i
   assert {c.seed for c in final.values()} == set(b.seeds)
   tokens = {name: c.steps * c.num_workers * c.batch_per_worker * c.seq_len
             for name, c in final.items()}
+  seeds = {f.name: f.seeds_of(b) for f in finals}
   for claim in claims.CLAIMS:
-    within = {tokens[f'{f}/seed{seed}'] for f in claim.finals for seed in b.seeds}
+    within = {tokens[f'{f}/seed{seed}'] for f in claim.finals
+              if f not in WARM + REPLICA_SERIES for seed in seeds[f]}
     assert len(within) == 1, (claim.number, within)
+  # A warm start trains the steps DDP had left after its quarter-way checkpoint, from
+  # the same seed's DDP run; DDP keeps that checkpoint.
+  for name in WARM:
+    c = final[f'{name}/seed2']
+    assert c.steps == b.steps - s.warm_step and c.init_inner_state == 'carried'
+    assert c.init_from == os.path.join('OUT', 'final', 'ddp', 'seed2', 'checkpoints',
+                                       str(s.warm_step))
+  ddp = final['ddp/seed1']
+  assert s.warm_step % ddp.checkpoint.every == 0 and ddp.checkpoint.keep >= 4
+  assert s.warm_step % s.sync_every == 0
+  # Replicas keep 4 sequences each: tokens grow with M.
+  assert [tokens[f'diloco_r{m}/seed1'] / tokens['diloco_nesterov/seed1']
+          for m in claims.REPLICAS] == [m / 8 for m in claims.REPLICAS]
   configs = {**tuning, **final}
-  assert {c.num_workers for c in configs.values()} == {8}
-  # Warm-up is a sixth of each run's own length (the H = 1 runs are half as long).
-  assert {c.optimizer.warmup_steps * 6 == c.steps for c in configs.values()} == {True}
+  assert {c.num_workers for n, c in configs.items()
+          if not n.startswith(('diloco_r', 'diloco_m1'))} == {8}
+  # Warm-up is a sixth of each run's own length (the H = 1 runs are shorter; tuning runs
+  # train half the steps at the full scale); the warm starts have none.
+  assert {c.optimizer.warmup_steps * 6 == c.steps for n, c in configs.items()
+          if not n.startswith(WARM)} == {True}
+  assert {c.steps for c in tuning.values()} == {
+      round(b.steps * b.tune_fraction), round(b.steps_h1 * b.tune_fraction)}
   # The eval of every run ends on its last step and covers the split (32 x 16 windows).
-  assert {c.steps % c.eval.every for c in configs.values()} == {0}
+  assert {c.steps % c.eval.every for n, c in configs.items()
+          if not n.startswith(WARM)} == {0}
   assert {c.eval.batches for c in configs.values()} == {32}
-  full = [c for c in configs.values() if c.algorithm.sync_every not in (None, 1)]
-  if scale == 'full':      # 40 rounds of H at the full scale
-    assert {c.steps // c.algorithm.sync_every for c in full} == {40}
+  if scale == 'full':      # 140 rounds of H = 15, 10 tokens per weight
+    runs = [c for n, c in final.items() if c.algorithm.sync_every == 15
+            and not n.startswith(WARM)]
+    assert {c.steps // c.algorithm.sync_every for c in runs} == {140}
+    assert s.tokens_per_weight == pytest.approx(10.08, abs=0.01)   # 4.3M / 426,752
   streaming = [c for n, c in final.items() if n.startswith('streaming/')]
   assert {(c.algorithm.num_fragments, c.algorithm.non_block) for c in streaming} == {
       (2, 'first')}
+  # Claim 7 tests GASLoC with one random neighbour per round.
+  assert final['gasloc_h1_peer_ring/seed1'].algorithm.pairwise is True
+  assert not final['gasloc_h1_ring/seed1'].algorithm.pairwise     # unset: every neighbour
 
 
 def test_every_method_gets_five_settings_of_the_same_inner_lrs():
@@ -104,12 +136,35 @@ def test_margins_are_in_nats_from_perplexity():
 
 
 def test_each_claim_names_its_finals_and_regime():
-  names = {f.name for f in claims.finals()}
+  names = {f.name for f in claims.finals()} | {'gain_4_to_8', 'gain_8_to_16'}
   picks = {m: dict(loss=2.0) for m in ('gasloc', 'gasloc_pp', 'gasloc_h1')}
   for claim in claims.CLAIMS:
     assert set(claim.finals) <= names, claim.number
     assert {n for t in claim.tests(picks) for n in (t.a, t.b)} <= names, claim.number
-    assert claim.regime, claim.number
+    card = claim.regime
+    assert all(getattr(card, key) for key, _ in claims.Regime.FIELDS), claim.number
+    assert card.meaning.endswith('.'), claim.number
+  assert [c.number for c in claims.CLAIMS] == list(range(1, 12))
+  assert set(claims.WHY) == set(range(1, 12))
+
+
+def test_claim_11_tests_diminishing_returns_per_seed():
+  g = {'diloco_r4': _group('diloco_r4', [2.10, 2.12, 2.11]),
+       'diloco_nesterov': _group('diloco_nesterov', [2.00, 2.01, 2.02]),
+       'diloco_r16': _group('diloco_r16', [1.97, 1.985, 1.99])}
+  d = claims.derived_groups(g)
+  np.testing.assert_allclose([d['gain_4_to_8'].losses[s] for s in (1, 2, 3)],
+                             [0.10, 0.11, 0.09])
+  assert claims.judge({**g, **d}, claims.CLAIMS[10].tests({})).word == 'reproduced'
+  g['diloco_r16'] = _group('diloco_r16', [1.85, 1.86, 1.88])      # 8 -> 16 gains more
+  d = claims.derived_groups(g)
+  assert claims.judge({**g, **d}, claims.CLAIMS[10].tests({})).word == 'not reproduced'
+
+
+def test_the_40_round_verdicts_are_read_from_that_page(in_repo):
+  before = claims.previous_verdicts(claims.PREVIOUS_PAGE)
+  assert sorted(before) == list(range(1, 10))
+  assert before[1] == 'not reproduced' and before[2] == 'reproduced'
 
 
 @pytest.mark.slow
@@ -121,12 +176,20 @@ def test_the_quick_claims_page_is_written_end_to_end(tmp_path, in_repo):
   text = open(page).read()
   rows = [line for line in text.splitlines() if line.startswith('| ') and
           line.split('|')[1].strip().isdigit()]
-  assert [int(r.split('|')[1]) for r in rows] == list(range(1, 10))
+  assert [int(r.split('|')[1]) for r in rows] == list(range(1, 12))
   verdicts = ('**reproduced**', '**not reproduced**', '**inconclusive**')
   assert all(any(v in r for v in verdicts) for r in rows), rows
   assert '95% CI' in text and 'bytes received / worker' in text
-  for n in range(1, 10):
+  for n in range(1, 12):
     assert os.path.getsize(os.path.join(out, 'figures', f'claim{n}.png')) > 1000
+  for path in claims.figure_paths(os.path.join(out, 'figures')).values():
+    assert os.path.getsize(path) > 1000, path
+  assert text.count('| model size |') == 11                 # a regime card per claim
+  assert '## What changed from the 40-round page, and why' in text
+  assert '| ring | ' in text and 'consensus distance' in text   # the topology x H table
+  # The warm starts began from the same seed's DDP checkpoint a quarter of the way.
+  with open(os.path.join(out, 'final', 'diloco_warm', 'seed1', 'log.txt')) as f:
+    assert 'warm start from' in f.read()
   assert os.path.isdir(os.path.join(out, 'final', 'gasloc', 'seed1', 'retimed', 'slow_links'))
   mtime = os.path.getmtime(os.path.join(out, 'final', 'ddp', 'seed1', 'metrics.jsonl'))
   assert claims.main(['--quick', f'--out={out}', f'--page={page}']) == 0

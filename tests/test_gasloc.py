@@ -308,3 +308,32 @@ def test_bad_input():
         {'w': jnp.zeros(3)}, 3, jax.random.PRNGKey(0))
   with pytest.raises(ConfigError, match="form='proposed_points'.*mix 'models' only"):
     algorithms.make('gasloc', optax.sgd(0.1), form='proposed_points', mix='deltas')
+
+
+def test_gasloc_pairwise_averages_with_one_ring_neighbour_per_round():
+  """pairwise=True: each round every worker averages its model with one neighbour of the
+  ring (a random matching of the graph), and sends its model to that one peer only."""
+  m, lr = 6, 0.1
+  kw = dict(sync_every=1, topology='ring', outer_optimizer='sgd', outer_lr=1.0,
+            outer_momentum=0.0)
+  params, x, y, loss = _problem(m)
+  for pairwise, peers in ((True, 1), (False, 2)):
+    alg = algorithms.make('gasloc', optax.sgd(lr), pairwise=pairwise, **kw)
+    state = alg.init(params, m, jax.random.PRNGKey(0))
+    step = jax.jit(alg.step)
+    partners = []
+    for t in range(4):
+      grads = jax.vmap(jax.grad(loss))(state.params, x[t], y[t])
+      phi = _flat(state.params) - lr * _flat(grads)
+      state, info = step(state, grads, None)
+      model_bytes = 4 * phi.shape[1]
+      np.testing.assert_array_equal(info.wire.sent, peers * model_bytes)
+      if pairwise:
+        got = _flat(state.params)
+        for i in range(m):
+          match = [j for j in ((i - 1) % m, (i + 1) % m)
+                   if np.allclose(got[i], (phi[i] + phi[j]) / 2, atol=1e-6)]
+          assert len(match) == 1, (t, i)
+          partners.append(match[0])
+    if pairwise:   # the matchings change between rounds
+      assert len({tuple(partners[r * m:(r + 1) * m]) for r in range(4)}) > 1

@@ -58,7 +58,7 @@ def gasloc(inner: optax.GradientTransformation, *, sync_every: int = 500,
            topology: str = 'ring', weights: str = 'metropolis', mix: str = 'models',
            form: str = 'diloco_outer', outer_optimizer: str = 'nesterov', outer_lr: float = 0.7,
            outer_momentum: float = 0.9, gossip_step: float = 1.0,
-           transport_dtype: str = 'float32', seed: int = 0,
+           transport_dtype: str = 'float32', seed: int = 0, pairwise: bool = False,
            outer: optax.GradientTransformation | None = None, mesh=None) -> Algorithm:
   """GASLoC: H local steps, gossip the local models, then a per-worker outer step.
 
@@ -100,6 +100,9 @@ def gasloc(inner: optax.GradientTransformation, *, sync_every: int = 500,
     gossip_step: gossip step size gamma in (0, 1].
     transport_dtype: dtype of what is sent over each edge.
     seed: seed of an 'erdos_renyi' graph.
+    pairwise: gossip with one random neighbour per round (a random matching of the
+      graph, `topology.pairwise_family`: the paper's "sparse randomized peer
+      communication") instead of every neighbour.
     outer: an optax chain to use as the outer optimizer instead of the named one.
     mesh: optional device mesh with a "workers" axis.
 
@@ -122,7 +125,7 @@ def gasloc(inner: optax.GradientTransformation, *, sync_every: int = 500,
 
   def outer_chain(stale: bool) -> optax.GradientTransformation:
     mixer = comm.gossip(topology, mix, step_size=gossip_step, dtype=transport_dtype,
-                        weights=weights, seed=seed, stale=stale)
+                        weights=weights, seed=seed, stale=stale, pairwise=pairwise)
     if form == 'proposed_points':
       return proposed_point_gossip(mixer, outer_lr, outer_momentum)
     return optax.chain(mixer, outer)
@@ -136,6 +139,8 @@ def gasloc(inner: optax.GradientTransformation, *, sync_every: int = 500,
 GASLOC = AlgorithmSpec(
     gasloc,
     keys={'mix': Key(str, 'GASLoC gossips: models | deltas'),
-          'form': Key(str, 'GASLoC form: diloco_outer | proposed_points')},
+          'form': Key(str, 'GASLoC form: diloco_outer | proposed_points'),
+          'pairwise': Key(bool, 'GASLoC: one random neighbour per round (a random '
+                          'matching of the graph)')},
     example=dict(sync_every=2, topology='ring'), variants={'matching': dict(topology='matching')},
     carrier='collective-permute')
