@@ -1,6 +1,7 @@
 """loco.study: equal budgets by construction, picks on fake results whose best setting is
 known, and the paired comparison of finals."""
 
+import dataclasses
 import json
 import math
 import os
@@ -90,6 +91,23 @@ def test_warm_up_scales_with_each_runs_length():
   h1 = study.run_keys(study.Method('b', {}, h1=True), BUDGET)
   assert h15['steps'] == 60 and h15['optimizer.warmup_steps'] == 10
   assert h1['steps'] == 30 and h1['optimizer.warmup_steps'] == 5
+
+
+def test_tuning_runs_train_a_fraction_and_finals_their_own_seeds():
+  half = dataclasses.replace(BUDGET, tune_fraction=0.5)
+  m = study.Method('a', {})
+  run = study.tuning_run(m, half, {study.LR: 3e-3})
+  assert run.overrides['steps'] == 30 and run.overrides['optimizer.warmup_steps'] == 5
+  assert run.overrides['seed'] == 0
+  finals = [study.Final('a', 'a'),
+            study.Final('warm', 'a', {'init_from': '{out}/final/a/seed{seed}/checkpoints/15',
+                                      'steps': 45}, seeds=(2,))]
+  picks = {'a': dict(setting={study.LR: 3e-3})}
+  runs = {r.name: r for r in study.final_runs([m], finals, half, picks, 'OUT')}
+  assert sorted(runs) == ['a/seed1', 'a/seed2', 'a/seed3', 'warm/seed2']
+  assert runs['a/seed1'].overrides['steps'] == 60          # finals train the whole length
+  warm = runs['warm/seed2'].overrides
+  assert warm['init_from'] == 'OUT/final/a/seed2/checkpoints/15' and warm['steps'] == 45
 
 
 def _fake_run(path, steps, loss, status='finished', diverged=False):
