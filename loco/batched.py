@@ -350,7 +350,11 @@ def main(argv: Sequence[str] | None = None) -> int:
       train.STOP.set()
       raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, interrupt)
-    results = run_batched(configs, [r['workdir'] for r in spec], outcomes)
+    try:
+      results = run_batched(configs, [r['workdir'] for r in spec], outcomes)
+    except Interrupted as e:
+      print(f'{PROG}: stopped: {e}', file=sys.stderr)
+      return 130
     for r, result in zip(spec, results):
       outcomes[r['workdir']] = result
       line = result['state'] + (f': {result["error"]}' if result['error'] else '')

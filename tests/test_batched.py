@@ -142,3 +142,46 @@ def test_the_command_answers_bad_runs_files_in_one_line(tmp_path, capsys):
   assert 'is not JSON' in capsys.readouterr().err
   assert batched.main([f'--runs={tmp_path / "missing.json"}']) == 2
   assert 'does not exist' in capsys.readouterr().err
+
+
+def test_sigterm_stops_every_run_at_its_checkpoint_in_one_line(tmp_path, small_corpus_glob,
+                                                                 data_dir):
+  """The command under SIGTERM (what loco.sweep sends): one `stopped:` line, exit 130,
+  each run 'interrupted' in the results with its last checkpoint, and the same command
+  finishes them."""
+  import signal
+  import subprocess
+  import sys
+  import time
+  runs = []
+  for i, run in enumerate(RUNS[:2]):
+    argv = [f'--config={os.path.join(os.path.dirname(__file__), "nano_config.py")}',
+            f'--config.seed={run["seed"]}', f'--config.optimizer.lr={run["lr"]}',
+            '--config.steps=400', '--config.checkpoint.every=10']
+    runs.append(dict(workdir=str(tmp_path / f'r{i}'), argv=argv))
+  spec, results = tmp_path / 'runs.json', tmp_path / 'results.json'
+  spec.write_text(json.dumps(runs))
+  env = {**os.environ, 'NANO_GLOB': small_corpus_glob, 'NANO_DATA': data_dir,
+         'JAX_PLATFORMS': 'cpu'}
+  env.pop('XLA_FLAGS', None)
+  cmd = [sys.executable, '-m', 'loco.batched', f'--runs={spec}', f'--results={results}']
+  proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True, cwd=os.path.dirname(os.path.dirname(__file__)))
+  deadline = time.time() + 240
+  while not os.path.exists(tmp_path / 'r1' / 'checkpoints' / '20'):
+    assert proc.poll() is None and time.time() < deadline, proc.communicate()
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGTERM)
+  out, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130, err
+  assert err.strip().splitlines()[-1].startswith('loco.batched: stopped: interrupted;')
+  assert 'Traceback' not in err
+  outcome = json.loads(results.read_text())
+  for r in runs:
+    assert outcome[r['workdir']]['state'] == 'interrupted'
+    assert 'last good checkpoint (step' in outcome[r['workdir']]['error']
+  again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
+                         cwd=os.path.dirname(os.path.dirname(__file__)))
+  assert again.returncode == 0, again.stderr
+  for r in runs:
+    assert read_metrics(r['workdir'])[-1]['step'] == 400
