@@ -82,6 +82,8 @@ def _check(overlap_steps: int, merge_alpha: float) -> tuple[int, float]:
   if (not isinstance(overlap_steps, (int, np.integer)) or isinstance(overlap_steps, bool)
       or overlap_steps < 0):
     raise ConfigError(f'algorithm.overlap_steps must be an integer >= 0, got {overlap_steps!r}.')
+  if isinstance(merge_alpha, jax.core.Tracer):    # a run knob (loco.run_axis), checked
+    return int(overlap_steps), merge_alpha         # with each run's own config
   if not 0.0 <= merge_alpha <= 1.0:
     raise ConfigError(f'algorithm.merge_alpha must be in [0, 1], got {merge_alpha!r}.')
   return int(overlap_steps), float(merge_alpha)
@@ -90,7 +92,7 @@ def _check(overlap_steps: int, merge_alpha: float) -> tuple[int, float]:
 def blend(params: PyTree, target: PyTree, alpha: float) -> PyTree:
   """`alpha params + (1 - alpha) target` in float32, in the params' dtype."""
   def one(p, g):
-    if alpha == 0.0:       # exact: alpha 0 adopts the target, DiLoCo's reset
+    if not isinstance(alpha, jax.core.Tracer) and alpha == 0.0:   # exact: adopt the target
       return g.astype(p.dtype)
     return (alpha * p.astype(jnp.float32) + (1.0 - alpha) * g).astype(p.dtype)
   return jax.tree.map(one, params, target)

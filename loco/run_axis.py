@@ -41,8 +41,10 @@ RUN_KNOBS = {
     'outer_momentum': 'algorithm.outer_momentum',
     'gossip_step': 'algorithm.gossip_step',
     'error_decay': 'algorithm.error_decay',
+    'merge_alpha': 'algorithm.merge_alpha',
 }
-_ALGORITHM_KNOBS = ('outer_lr', 'outer_momentum', 'gossip_step', 'error_decay')
+_ALGORITHM_KNOBS = ('outer_lr', 'outer_momentum', 'gossip_step', 'error_decay',
+                    'merge_alpha')
 
 
 def _inner_knobs(exp: Experiment) -> dict[str, float]:

@@ -13,17 +13,18 @@ from tests.nano import make_nano_config
 
 R, K = 3, 4
 RUNS = [dict(seed=1, lr=3e-3, outer_lr=0.7, outer_momentum=0.9, gossip_step=1.0,
-             error_decay=0.95),
+             error_decay=0.95, merge_alpha=0.5),
         dict(seed=2, lr=1e-3, outer_lr=0.5, outer_momentum=0.5, gossip_step=0.5,
-             error_decay=0.9),
+             error_decay=0.9, merge_alpha=0.0),
         dict(seed=5, lr=6e-3, outer_lr=1.0, outer_momentum=0.95, gossip_step=0.8,
-             error_decay=1.0)]
+             error_decay=1.0, merge_alpha=1.0)]
 KNOBS = {'diloco': ('outer_momentum',), 'gasloc': ('outer_momentum', 'gossip_step'),
-         'sparseloco': ('error_decay',)}
+         'sparseloco': ('error_decay',), 'streaming_diloco': ('outer_momentum', 'merge_alpha')}
 ALGORITHMS = {
     'diloco': dict(sync_every=2),
     'gasloc': dict(sync_every=2, topology='ring'),                      # gossip
     'sparseloco': dict(sync_every=2, topk=8, chunk_size=64),            # compressed
+    'streaming_diloco': dict(sync_every=6, overlap_steps=1),            # merged late
 }
 
 
@@ -73,8 +74,10 @@ def test_batched_runs_equal_their_solo_runs(small_corpus_glob, data_dir, name):
     for a, b in zip(jax.tree.leaves(jax.tree.map(lambda x: x[i], states.params)),
                     jax.tree.leaves(solo.params)):
       np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
-  # The runs really differ (their own seeds and knobs).
+  # The runs really differ (their own seeds and knobs), and their knobs acted: a round
+  # (and for Streaming a merge, one step after a fragment's sync) fell in the chunk.
   assert not np.allclose(losses[0], losses[1])
+  assert np.asarray(info.synced)[0, :K - 1].any()
 
 
 def test_runs_that_differ_in_shape_are_refused_in_one_line(small_corpus_glob, data_dir):
@@ -87,7 +90,7 @@ def test_runs_that_differ_in_shape_are_refused_in_one_line(small_corpus_glob, da
       'run 1 differs from run 0 in algorithm_kwargs.sync_every, which batched runs must '
       'share (they may differ in seed and optimizer.lr, optimizer.weight_decay, '
       'algorithm.outer_lr, algorithm.outer_momentum, algorithm.gossip_step, '
-      'algorithm.error_decay).')
+      'algorithm.error_decay, algorithm.merge_alpha).')
   # Whether a momentum exists is shape: 0 against 0.9 is refused, 0.5 against 0.9 not.
   plain = _experiments(small_corpus_glob, data_dir, 'diloco', runs=RUNS[1:2],
                        outer_momentum=0.0)
