@@ -162,6 +162,15 @@ def warm_start(init, key, like, source: str, inner_state: str,
     try:
       return worker_means(saved[field], one_worker, field)
     except KeyError as e:
+      # DDP's inner state is (its gradient all-reduce's state, the inner optimizer's):
+      # the inner optimizer a local-update algorithm carries is one of its parts.
+      parts = saved.get(field) if field == 'inner_state' else None
+      parts = parts if isinstance(parts, dict) else {}
+      for part in parts.values():
+        try:
+          return worker_means(part, one_worker, field)
+        except (KeyError, ValueError):
+          continue
       differs = ('its model differs' if field == 'params' else
                  'its inner optimizer differs (init_inner_state=fresh starts it anew)')
       raise ConfigError(f'init_from: the checkpoint at {where} has no {e.args[0]}; '

@@ -220,6 +220,25 @@ def test_a_warm_start_begins_every_worker_at_the_sources_mean_model(nano_config,
   assert read_metrics(warm)[0]['train_loss'] < read_metrics(cold)[0]['train_loss'] - 0.05
 
 
+def test_a_warm_start_from_ddp_carries_its_inner_optimizer_into_diloco(nano_config, tmp_path):
+  """DDP's inner state is (its gradient all-reduce's, AdamW's): DiLoCo carries AdamW's."""
+  source = str(tmp_path / 'ddp')
+  ddp = nano_config.copy_and_resolve_references()
+  ddp.algorithm.name, ddp.steps, ddp.checkpoint.every, ddp.eval.every = 'ddp', 5, 5, 5
+  train.run(ddp, source)
+  saved = checkpoint_lib.read_named_state(source)[1]
+  nano_config.algorithm.name, nano_config.algorithm.sync_every = 'diloco', 2
+  nano_config.init_from, nano_config.init_inner_state = source, 'carried'
+  exp = experiment.parse_config(nano_config)
+  key = jax.random.key(exp.run.seed)
+  _, init, like = step_lib.init_state(exp, experiment.build_algorithm(exp), key)
+  state = checkpoint_lib.warm_start(init, key, like, source, 'carried', lambda m: None)
+  adam = state.inner_state[1][0]
+  want = np.asarray(saved['inner_state']['1']['1']['0']['nu']['embed'], np.float64).mean(0)
+  np.testing.assert_allclose(np.asarray(adam.nu['embed'])[1], want, rtol=1e-6, atol=1e-12)
+  assert int(np.asarray(adam.count)[0]) == 5
+
+
 def test_warm_start_errors_are_one_line_and_leave_no_workdir(nano_config, tmp_path):
   source = str(tmp_path / 'source')
   _source_run(nano_config.copy_and_resolve_references(), source)
