@@ -127,7 +127,13 @@ def parse_config(config: ml_collections.ConfigDict) -> Experiment:
 def build_algorithm(exp: Experiment, mesh=None) -> Algorithm:
   """The run's algorithm; with snapshots for the overlapped asynchronous replay."""
   inner = optim.inner_optimizer(exp.inner)
-  algorithm = algorithms.make(exp.algorithm_name, inner, mesh=mesh, **exp.algorithm_kwargs)
+  return for_network(exp, algorithms.make(exp.algorithm_name, inner, mesh=mesh,
+                                          **exp.algorithm_kwargs))
+
+
+def for_network(exp: Experiment, algorithm: Algorithm) -> Algorithm:
+  """The algorithm as the run's network simulates it: the overlapped asynchronous
+  replay's variant (with snapshots) where the network asks for it."""
   net = exp.network
   if (net is not None and net.mode == 'async' and net.async_overlap == 'compute'
       and algorithm.replay is not None and algorithm.replay.overlapped is not None):

@@ -26,7 +26,7 @@ from loco import optim
 from loco import step as step_lib
 from loco.engine import Algorithm, LocoState
 from loco.errors import ConfigError
-from loco.experiment import Experiment
+from loco.experiment import Experiment, for_network
 
 # How a batched state is mapped: everything per run but the shared step counter.
 STATE_AXES = LocoState(step=None, params=0, inner_state=0, anchor=0, outer_state=0, extra=0,
@@ -113,7 +113,7 @@ def algorithm_for(exp: Experiment, knobs: Mapping[str, Any], mesh=None) -> Algor
       exp.inner, lr=knobs['lr'], weight_decay=knobs['weight_decay']))
   kwargs = dict(exp.algorithm_kwargs)
   kwargs.update({k: knobs[k] for k in _ALGORITHM_KNOBS if k in knobs})
-  return algorithms.build(exp.algorithm_name, inner, mesh=mesh, **kwargs)
+  return for_network(exp, algorithms.build(exp.algorithm_name, inner, mesh=mesh, **kwargs))
 
 
 def make_batched_chunk(exp: Experiment, graphdef):

@@ -38,7 +38,7 @@ from loco import evaluate
 from loco import runs as runs_lib
 from loco import stats
 from loco.errors import LocoError
-from loco.sweep import Run, run_sweep
+from loco.sweep import Run, retime_runs, run_sweep
 
 LR = 'optimizer.lr'
 
@@ -378,17 +378,23 @@ def seconds_to(curves: Sequence[Sequence[tuple[float, float]]], target: float
 
 def run_all(out: str, methods: Sequence[Method], finals: Sequence[Final], budget: Budget,
             parallel: int = 1, retimes: Mapping[str, Mapping[str, Any]] | None = None,
-            train: bool = True, batch_runs: int = 1
+            train: bool = True, batch_runs: int = 1, retimed: Sequence[str] | None = None
             ) -> tuple[dict[str, Any], dict[str, Group]]:
   """Tunes, runs the finals, scores them; returns (picks, groups). `batch_runs`: runs
-  that differ only in seed or lr train up to this many in one program (`loco.sweep`)."""
+  that differ only in seed or lr train up to this many in one program (`loco.sweep`).
+  `retimes` ({name: network keys}) re-time the finished synchronous finals named in
+  `retimed` (all if None) on each network (`loco.retime`)."""
   picks = tune(out, methods, budget, parallel, train, batch_runs)
   if train:
-    code = run_sweep(final_runs(methods, finals, budget, picks, out),
-                     os.path.join(out, 'final'), parallel, report=False,
-                     retimes=dict(retimes or {}), batch_runs=batch_runs)
+    runs = final_runs(methods, finals, budget, picks, out)
+    code = run_sweep(runs, os.path.join(out, 'final'), parallel, report=False,
+                     batch_runs=batch_runs)
     if code == 130:
       raise KeyboardInterrupt
+    if retimes:
+      chosen = [r for r in runs if retimed is None or r.name.split('/')[0] in retimed]
+      retime_runs(chosen, os.path.join(out, 'final'), dict(retimes),
+                  lambda text: print(text, flush=True))
     score_finals(out, finals, budget)
   return picks, groups(out, finals, budget)
 

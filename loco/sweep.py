@@ -523,7 +523,7 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
       results.update(a.finish(a.proc.returncode, interrupted=True))
 
   _summary(runs, results, time.time() - t0, out, say)
-  failed_retimes = 0 if code else _retime_runs(runs, out, retimes, say)
+  failed_retimes = 0 if code else retime_runs(runs, out, retimes, say)
   if report:
     try:
       report_lib.write_report([out], stream=stream)
@@ -536,7 +536,7 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
   return 0 if all(state == 'finished' for state in states) and not failed_retimes else 1
 
 
-def _retime_runs(runs, out, retimes, say) -> int:
+def retime_runs(runs, out, retimes, say) -> int:
   """Re-times every finished synchronous run on each network; returns the failures."""
   if not retimes:
     return 0

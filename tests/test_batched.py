@@ -17,8 +17,10 @@ RUNS = [dict(seed=1, lr=3e-3, outer_lr=0.7), dict(seed=2, lr=1e-3, outer_lr=0.5)
         dict(seed=4, lr=6e-3, outer_lr=1.0)]
 
 
-def _config(glob, data_dir, run, name='diloco', **algorithm):
+def _config(glob, data_dir, run, name='diloco', network=None, **algorithm):
   c = make_nano_config(glob, data_dir)
+  for key, value in (network or {}).items():
+    c.network[key] = value
   c.num_workers = 2
   c.seed = run['seed']
   c.optimizer.lr = run['lr']
@@ -46,14 +48,23 @@ def _same_rows(a, b, keys=('train_loss', 'eval_loss')):
       assert x.get(key) == y.get(key), key
 
 
-@pytest.mark.parametrize('name, extra', [
-    ('diloco', {}),
-    ('gasloc', dict(topology='ring')),                          # gossip
-    ('sparseloco', dict(topk=8, chunk_size=64)),                # compressed
+ASYNC = dict(mode='async', profile='slow_links', slow_workers=1, slow_factor=20.0,
+             step_seconds=0.1, overlap='compute', peer_choice='rotation')
+
+
+@pytest.mark.parametrize('name, extra, network', [
+    ('diloco', {}, None),
+    ('gasloc', dict(topology='ring'), None),                          # gossip
+    ('sparseloco', dict(topk=8, chunk_size=64), None),                # compressed
+    ('gasloc', dict(topology='matching'), ASYNC),                     # asynchronous replay
 ])
 def test_each_batched_workdir_equals_its_solo_run(tmp_path, small_corpus_glob, data_dir,
-                                                  name, extra):
-  configs = [_config(small_corpus_glob, data_dir, run, name, **extra) for run in RUNS]
+                                                  name, extra, network):
+  configs = [_config(small_corpus_glob, data_dir, run, name, network, **extra)
+             for run in RUNS]
+  if network:
+    for c in configs:
+      c.num_workers = 4
   dirs = [str(tmp_path / f'batched{i}') for i in range(len(RUNS))]
   results = batched.run_batched(configs, dirs)
   assert [r['state'] for r in results] == ['finished'] * 3
