@@ -753,10 +753,8 @@ def scaling_text(dirs: Sequence[str], figures: str, rel: str) -> list[str]:
            '| study | N | tokens per weight | ' + ' | '.join(
                f'M = {m}: loco [95% CI] / fits' for m in scaling.WORKERS) + ' | ordering |',
            '|---|---|---|' + '---|' * len(scaling.WORKERS) + '---|']
-  import json
   for d in found:
-    with open(os.path.join(d, 'points.json')) as f:
-      p = json.load(f)
+    p = scaling.read_points(d)
     cells = []
     for m in scaling.WORKERS:
       w = p['workers'].get(str(m))

@@ -26,7 +26,6 @@ and OUT/scaling.md. `--overlay DIR...` draws every points.json on the published 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -34,6 +33,7 @@ import time
 from typing import Any, Mapping, Sequence
 
 from loco import cli
+from loco import runs as runs_lib
 from loco import stats
 from loco import study
 from loco.errors import LocoError
@@ -135,9 +135,15 @@ def make_plan(out: str, preset: str, quick: bool, tokens_per_weight: float,
               minutes: float, batch_runs: int) -> dict[str, Any]:
   """The study's plan: kept in OUT/plan.json, made once (the probe sizes it)."""
   path = os.path.join(out, 'plan.json')
-  if os.path.exists(path):
-    with open(path) as f:
-      return json.load(f)
+  kept = runs_lib.read_json_object(path)   # a damaged one: one line naming it
+  if kept is not None:
+    missing = sorted({'preset', 'params', 'batch', 'seq_len', 'h', 'steps', 'inner_lrs',
+                      'seeds', 'eval_batches', 'score_batches', 'batch_runs',
+                      'tokens_per_weight', 'probe_seconds_per_step'} - set(kept))
+    if missing:
+      raise LocoError(f'{path} is not a launch.scaling plan (no {", ".join(missing)}); '
+                      'delete it to make a new plan.')
+    return kept
   batch, seq_len = SHAPES['nano' if quick else preset]
   params = _params(preset)
   plan = dict(preset=preset, quick=quick, params=params, batch=batch, seq_len=seq_len,
@@ -237,6 +243,18 @@ def write_page(out: str, plan: Mapping[str, Any], p: Mapping[str, Any],
   return path
 
 
+def read_points(folder: str) -> dict[str, Any]:
+  """A study's points.json, checked (one line naming a damaged or foreign file)."""
+  path = os.path.join(folder, 'points.json')
+  p = runs_lib.read_json_object(path)
+  if p is None:
+    raise LocoError(f'{folder} has no points.json (run launch.scaling there first).')
+  if not isinstance(p.get('workers'), dict) or not isinstance(p.get('params'), int):
+    raise LocoError(f'{path} is not a launch.scaling points file (no workers or params); '
+                    'run launch.scaling there again.')
+  return p
+
+
 def overlay(dirs: Sequence[str], path: str) -> str:
   """The relative gap against N: the published fits (lines), Table 4's measured points
   (open markers) and every points.json of `dirs` (filled, with 95% CIs)."""
@@ -252,8 +270,7 @@ def overlay(dirs: Sequence[str], path: str) -> str:
       if m in gaps:
         ax.plot([n], [gaps[m]], marker='o', markerfacecolor='none', color=color)
     for d in dirs:
-      with open(os.path.join(d, 'points.json')) as f:
-        p = json.load(f)
+      p = read_points(d)
       w = p['workers'].get(str(m))
       if not w:
         continue
@@ -273,7 +290,6 @@ def overlay(dirs: Sequence[str], path: str) -> str:
 
 
 def _seconds(clock: str) -> float:
-  from loco import runs as runs_lib
   if not os.path.exists(clock):
     return 0.0
   text = runs_lib._read_text(clock) or ''
@@ -304,8 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cli.check_output_dir(args.out)
     if args.overlay:
       for d in args.overlay:
-        if not os.path.isfile(os.path.join(d, 'points.json')):
-          raise LocoError(f'{d} has no points.json (run launch.scaling there first).')
+        read_points(d)
       print(f'overlay: {overlay(args.overlay, os.path.join(args.out, "overlay.png"))}')
       return 0
     if args.tokens_per_weight <= 0 or args.minutes <= 0:

@@ -54,11 +54,26 @@ def test_points_are_paired_relative_gaps_with_cis(tmp_path):
   assert os.path.getsize(path) > 10_000
 
 
-def test_overlay_without_points_is_one_line(tmp_path, capsys):
+def test_overlay_and_plan_files_missing_damaged_or_foreign_are_one_line(tmp_path, capsys):
   assert scaling.main(['--overlay', str(tmp_path), f'--out={tmp_path / "o"}']) == 1
   err = capsys.readouterr().err.strip().splitlines()
   assert err == [f'launch.scaling: error: {tmp_path} has no points.json (run '
                  'launch.scaling there first).']
+  for text, match in (('{"workers": ', 'is not valid JSON'),
+                      ('{"runs": []}', 'is not a launch.scaling points file')):
+    (tmp_path / 'points.json').write_text(text)
+    assert scaling.main(['--overlay', str(tmp_path), f'--out={tmp_path / "o"}']) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and match in err[0], err
+  (tmp_path / 'study').mkdir()
+  (tmp_path / 'study' / 'plan.json').write_text('[1, 2]')
+  assert scaling.main(['--quick', f'--out={tmp_path / "study"}']) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and 'plan.json holds a JSON list, not an object' in err[0], err
+  (tmp_path / 'study' / 'plan.json').write_text('{"preset": "tiny"}')
+  assert scaling.main(['--quick', f'--out={tmp_path / "study"}']) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and 'is not a launch.scaling plan (no batch,' in err[0], err
 
 
 @pytest.mark.slow
