@@ -176,7 +176,7 @@ def test_values_are_checked_without_coercion(overrides, message):
     ({'algorithm.topk': '64'}, "algorithm 'gasloc' does not take topk; its keys are: "
                                'sync_every, topology, weights, mix, form, outer_optimizer, '
                                'outer_lr, outer_momentum, gossip_step, transport_dtype, seed, '
-                               'local_steps.'),
+                               'pairwise, local_steps.'),
     ({'algorithm.name': 'gossip'}, f"algorithm.name must be one of {sorted(algorithms.REGISTRY)}"
                                    ", got 'gossip'."),
     ({'optimizer.name': 'lion'}, "optimizer.name must be one of adamw, muon, sgd, signsgd, "
