@@ -912,19 +912,6 @@ def write_page(out: str, scale: Scale, page: str, figures: str, seconds: float,
   return page
 
 
-def _seconds(clock: str, default: float) -> float:
-  """The run time kept in OUT/seconds.txt (summed over the invocations that trained)."""
-  if not os.path.exists(clock):
-    return default
-  with open(clock) as f:
-    text = f.read()
-  try:
-    return float(text)
-  except ValueError:
-    raise LocoError(f'{clock} is damaged ({text[:40]!r} is not a number of seconds); '
-                    'delete it to count the time from this invocation on.') from None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
   parser = cli.Parser(prog='python -m launch.claims', description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -954,11 +941,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                              train=not args.page_only, batch_runs=args.batch_runs,
                              retimed=CLAIMS[8].finals)
     if not args.page_only:
-      total = _seconds(clock, 0.0) + time.time() - t0   # read before the rewrite
+      total = study.read_seconds(clock, 0.0) + time.time() - t0   # read before the rewrite
       with open(clock + '.tmp', 'w') as f:
         f.write(str(total))
       os.replace(clock + '.tmp', clock)
-    seconds = _seconds(clock, math.nan)
+    seconds = study.read_seconds(clock, math.nan)
     print(f'claims page: '
           f'{write_page(args.out, scale, page, figures, seconds, picks, g, args.scaling)}')
     return 0

@@ -289,17 +289,6 @@ def overlay(dirs: Sequence[str], path: str) -> str:
   return path
 
 
-def _seconds(clock: str) -> float:
-  if not os.path.exists(clock):
-    return 0.0
-  text = runs_lib._read_text(clock) or ''
-  try:
-    return float(text)
-  except ValueError:
-    raise LocoError(f'{clock} is damaged ({text[:40]!r} is not a number of seconds); '
-                    'delete it to count the time from this invocation on.') from None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
   parser = cli.Parser(prog='python -m launch.scaling', description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -338,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = points(args.out, plan, groups)
     write_json(os.path.join(args.out, 'points.json'), p)
     clock = os.path.join(args.out, 'seconds.json')   # summed over the invocations
-    seconds = time.time() - t0 + _seconds(clock)
+    seconds = time.time() - t0 + study.read_seconds(clock, 0.0)
     write_json(clock, seconds)
     page = write_page(args.out, plan, p, picks, seconds)
     print(f'points: {os.path.join(args.out, "points.json")}; page: {page}; '

@@ -79,7 +79,7 @@ def _is_int(x: Any) -> bool:
   return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _read_text(path: str) -> str | None:
+def read_text(path: str) -> str | None:
   """The file's text, None if it does not exist; unreadable: RunFileError."""
   try:
     with open(path, 'rb') as f:
@@ -95,7 +95,7 @@ def _read_text(path: str) -> str | None:
 
 def read_json_object(path: str) -> dict[str, Any] | None:
   """A JSON object file; None if it does not exist, RunFileError if it is not one."""
-  text = _read_text(path)
+  text = read_text(path)
   if text is None:
     return None
   try:
@@ -200,7 +200,7 @@ def read_sweep(sweep_dir: str) -> dict[str, Any] | None:
 def read_error_line(workdir: str) -> str | None:
   """The last `loco: error:` line of the latest attempt in log.txt, else its last line
   (shown to people; a run's status never depends on it)."""
-  text = _read_text(os.path.join(workdir, LOG))
+  text = read_text(os.path.join(workdir, LOG))
   if text is None:
     return None
   lines = [line.rstrip() for line in text.splitlines()]
@@ -238,7 +238,7 @@ def committed_steps(workdir: str) -> list[int]:
 
 def _lines(path: str) -> Iterator[tuple[int, str]]:
   """(line number, text) of the non-blank lines of a file that exists."""
-  text = _read_text(path)
+  text = read_text(path)
   for number, line in enumerate((text or '').splitlines(), 1):
     if line.strip():
       yield number, line

@@ -376,6 +376,23 @@ def seconds_to(curves: Sequence[Sequence[tuple[float, float]]], target: float
           for c in curves]
 
 
+def read_seconds(clock: str, default: float) -> float:
+  """The run time a study keeps in `clock` (seconds summed over the invocations that
+  trained); `default` if there is none yet.
+
+  Raises:
+    LocoError: the file is not a number (one line naming it).
+  """
+  text = runs_lib.read_text(clock)
+  if text is None:
+    return default
+  try:
+    return float(text)
+  except ValueError:
+    raise LocoError(f'{clock} is damaged ({text[:40]!r} is not a number of seconds); '
+                    'delete it to count the time from this invocation on.') from None
+
+
 def run_all(out: str, methods: Sequence[Method], finals: Sequence[Final], budget: Budget,
             parallel: int = 1, retimes: Mapping[str, Mapping[str, Any]] | None = None,
             train: bool = True, batch_runs: int = 1, retimed: Sequence[str] | None = None

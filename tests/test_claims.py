@@ -200,8 +200,8 @@ def test_the_quick_claims_page_is_written_end_to_end(tmp_path, in_repo):
 def test_a_damaged_clock_file_is_one_line(tmp_path, capsys):
   (tmp_path / 'seconds.txt').write_text('')
   with pytest.raises(claims.LocoError, match='seconds.txt is damaged'):
-    claims._seconds(str(tmp_path / 'seconds.txt'), 0.0)
-  np.testing.assert_equal(claims._seconds(str(tmp_path / 'none.txt'), math.nan), math.nan)
+    study.read_seconds(str(tmp_path / 'seconds.txt'), 0.0)
+  np.testing.assert_equal(study.read_seconds(str(tmp_path / 'none.txt'), math.nan), math.nan)
 
 
 def test_an_out_that_is_a_file_and_bad_flags_are_one_line(tmp_path, capsys):
