@@ -941,10 +941,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              train=not args.page_only, batch_runs=args.batch_runs,
                              retimed=CLAIMS[8].finals)
     if not args.page_only:
-      total = study.read_seconds(clock, 0.0) + time.time() - t0   # read before the rewrite
-      with open(clock + '.tmp', 'w') as f:
-        f.write(str(total))
-      os.replace(clock + '.tmp', clock)
+      study.add_seconds(clock, time.time() - t0)
     seconds = study.read_seconds(clock, math.nan)
     print(f'claims page: '
           f'{write_page(args.out, scale, page, figures, seconds, picks, g, args.scaling)}')

@@ -326,9 +326,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   batch_runs=plan['batch_runs'])
     p = points(args.out, plan, groups)
     write_json(os.path.join(args.out, 'points.json'), p)
-    clock = os.path.join(args.out, 'seconds.json')   # summed over the invocations
-    seconds = time.time() - t0 + study.read_seconds(clock, 0.0)
-    write_json(clock, seconds)
+    seconds = study.add_seconds(os.path.join(args.out, 'seconds.json'), time.time() - t0)
     page = write_page(args.out, plan, p, picks, seconds)
     print(f'points: {os.path.join(args.out, "points.json")}; page: {page}; '
           f'{ordering(p)}')

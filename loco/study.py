@@ -393,6 +393,16 @@ def read_seconds(clock: str, default: float) -> float:
                     'delete it to count the time from this invocation on.') from None
 
 
+def add_seconds(clock: str, seconds: float) -> float:
+  """Adds this invocation's `seconds` to the study's clock file (written atomically);
+  returns the total."""
+  total = read_seconds(clock, 0.0) + seconds
+  with open(clock + '.tmp', 'w') as f:
+    f.write(str(total))
+  os.replace(clock + '.tmp', clock)
+  return total
+
+
 def run_all(out: str, methods: Sequence[Method], finals: Sequence[Final], budget: Budget,
             parallel: int = 1, retimes: Mapping[str, Mapping[str, Any]] | None = None,
             train: bool = True, batch_runs: int = 1, retimed: Sequence[str] | None = None
