@@ -1,14 +1,15 @@
 """The claims page: each seed paper's claim tested in its own regime, as far as 2 CPU cores reach.
 
   python -m launch.claims --out=runs/claims70                # writes docs/claims.md
+  python -m launch.claims --long --out=runs/claims140        # 140 rounds, about 2x longer
   python -m launch.claims --quick --out=runs/claims_quick     # the pipeline, end to end
 
 This file is the experiment record: the methods and their knobs, the finals, the claims
 with their margins, sources and regimes, the figures and the page. The protocol is
 `loco.study`'s: every method tunes the shared inner-lr grid (1.5e-3, 3e-3, 6e-3) and then
 its own knob (three values) at the best inner lr, five settings each, and an edge pick is
-extended once; each setting trains once (seed 0) at half the final length and is scored
-on `validation[:50%]` by the in-loop eval, whose windows cover the split. The picks train
+extended once; each setting trains once (seed 0) at the final length and is scored on
+`validation[:50%]` by the in-loop eval, whose windows cover the split. The picks train
 at seeds 1-3 (one seed = one init and data order for every method) and each final model
 is scored by `loco.evaluate` on 512 x 16 windows of `validation[50%:]`, each window with
 its document. A claim compares finals paired by seed (t with n - 1 degrees of freedom;
@@ -20,15 +21,17 @@ correction. The eval windows' own document-clustered SE of each difference is sh
 beside (the uncertainty about held-out text, which the seed test does not include).
 
 Scale (`SCALES`): the micro model (experiments/micro.py, 0.43M weights), 8 workers x 4
-sequences x 64 tokens per step, 2,100 steps = 4.3M tokens = 10 tokens per weight = 140
-rounds of H = 15 from scratch (claims at one step per communication: 600 steps). Each
-claim's regime card sets the paper's regime beside this one. The figures' series (H, M,
-Streaming's tau x alpha and P) train at seeds 1-2, the density ladder and the topology x H
-table at seed 1. Runs are `loco.sweep` runs under OUT/tune and OUT/final, those that
-differ only in seed or lr three at a time in one program (`--batch_runs`): the same
-command resumes after an interruption and skips what is finished; the page is rewritten
-from the runs each time. `--quick` is the same pipeline with 36-step runs (a pipeline
-check, not evidence); it writes OUT/claims.md.
+sequences x 64 tokens per step, 1,050 steps = 2.15M tokens = 5 tokens per weight = 70
+rounds of H = 15 from scratch (claims at one step per communication: 300 steps): what 2
+cores train in about 3 hours with every claim, figure and table below. `--long` doubles it
+(2,100 steps = 140 rounds = 10 tokens per weight, tuned at half length; about twice the
+time). Each claim's regime card sets the paper's regime beside this one. The figures'
+series (H, M, Streaming's tau x alpha and P) train at seeds 1-2, the density ladder and
+the topology x H table at seed 1. Runs are `loco.sweep` runs under OUT/tune and OUT/final,
+those that differ only in seed or lr three at a time in one program (`--batch_runs`): the
+same command resumes after an interruption and skips what is finished; the page is
+rewritten from the runs each time. `--quick` is the same pipeline with 36-step runs (a
+pipeline check, not evidence); it writes OUT/claims.md.
 """
 
 from __future__ import annotations
@@ -116,7 +119,7 @@ SCALES = {
     'quick': _scale(36, 24, 6, 12, (1, 2), 16, 1.0, (1,), (1,), (1, 12), (1, 6)),
 }
 
-# Outer Nesterov at the papers' momentum 0.9 (140 rounds let it build up, unlike the
+# Outer Nesterov at the papers' momentum 0.9 (70 rounds let it build up, unlike the
 # 40-round page's 0.5); the outer lr is the knob.
 NESTEROV = Knob('algorithm.outer_lr', (0.4, 0.7, 1.0))
 SGD = Knob('algorithm.outer_lr', (0.7, 1.0, 1.3))
@@ -378,7 +381,7 @@ CLAIMS = (
     Claim(2, 'A Nesterov outer optimizer beats SGD / FedAvg outer.', '2311.08105, Fig. 6',
           Regime(**{**DILOCO_PAPER, 'workers': '8 (outer lr {.1,.3,.5,.7,1} x momentum '
                                                '{.8,.9,.95})'},
-                 meaning='A fair mechanism test: 140 rounds let momentum 0.9 build up '
+                 meaning='A fair mechanism test: {rounds} rounds let momentum 0.9 build up '
                  '(1 / (1 - 0.9) = 10 rounds); the paper\'s model size does not matter for '
                  'it.'),
           ('diloco_nesterov', 'diloco_mu0p8', 'diloco_mu0p95', 'diloco_sgd'),
@@ -388,7 +391,7 @@ CLAIMS = (
           Regime(**DILOCO_PAPER, meaning=(
               'The mechanism is the paper\'s (keep_local: the dropped worker\'s '
               'pseudo-gradient is not sent and it trains on from its own parameters); '
-              'with 140 rounds a dropped round is a small share of the run, as in the '
+              'with {rounds} rounds a dropped round is a small share of the run, as in the '
               'paper. The 40-round page also measured offline and discard.')),
           ('diloco_nesterov',) + tuple(f'diloco_keep{p}' for p in DROPOUTS),
           lambda _: [Test('diloco_keep50', 'diloco_nesterov', DROPOUT_50)]),
@@ -415,8 +418,9 @@ CLAIMS = (
           '(within 2% perplexity).', '2508.15706',
           Regime(model='512M, DCLM', tokens_per_weight='20', rounds='163', h='15',
                  workers='8', batch='4M-token global batch / 8', warm_start='none',
-                 meaning='Rounds, H and tokens per weight now match the paper; the model '
-                 'is 1,200x smaller and the inner lr is shared, not per method.'),
+                 meaning='H matches the paper, {rounds} rounds against its 163 and {tpw} '
+                 'tokens per weight against its 20; the model is 1,200x smaller and the '
+                 'inner lr is shared, not per method.'),
           ('diloco_nesterov', 'sparseloco', 'diloco_e3m0', 'streaming_e3m0'),
           lambda _: [Test('sparseloco', 'diloco_nesterov', WITHIN_2)]),
     Claim(7, 'GASLoC beats D-AdamW, AD-PSGD, A2CiD2 and NoLoCo at one step per '
@@ -777,17 +781,17 @@ def scaling_text(dirs: Sequence[str], figures: str, rel: str) -> list[str]:
 # ---- what changed from the 40-round page ---------------------------------------------
 
 WHY = {
-    1: '10 tokens per weight instead of 2.9; outer momentum 0.9 over 140 rounds; the '
+    1: '{tpw} tokens per weight instead of 2.9; outer momentum 0.9 over {rounds} rounds; the '
        'M = 1 and 25% warm-start controls.',
-    2: '140 rounds let momentum 0.9 build up (the 40-round page used 0.5); three momenta.',
+    2: '{rounds} rounds let momentum 0.9 build up (the 40-round page used 0.5); three momenta.',
     3: 'Dropout at 10 / 30 / 50% as the paper\'s figure, keep_local only.',
-    4: '140 rounds; the tau x alpha and P figure beside the claim.',
+    4: '{rounds} rounds; the tau x alpha and P figure beside the claim.',
     5: 'E3M0 for Streaming too, the paper\'s setting.',
     6: 'The paper\'s H, rounds and tokens per weight; the density ladder beside it.',
     7: 'GASLoC with one random neighbour per round (the paper\'s sparse randomized peer '
-       'communication) is the one tested; 600 steps instead of 300.',
-    8: '140 rounds; outer momentum 0.9.',
-    9: 'The asynchronous mode of the last page, over 140 rounds.',
+       'communication) is the one tested; {steps_h1} steps (the 40-round page: 300).',
+    8: '{rounds} rounds; outer momentum 0.9.',
+    9: 'The asynchronous mode of the last page, over {rounds} rounds.',
     10: 'New.',
     11: 'New.',
 }
@@ -812,6 +816,8 @@ def write_page(out: str, scale: Scale, page: str, figures: str, seconds: float,
   rel = os.path.relpath(figures, os.path.dirname(page) or '.')
   table = topology_table(g, scale)
   paths = draw_figures(g, scale, figures, table)
+  fill = dict(rounds=scale.rounds, tpw=f'{scale.tokens_per_weight:.1f}',
+              steps_h1=scale.budget.steps_h1)
   rows, details, words = [], [], {}
   for claim in CLAIMS:
     groups = {**g, **(t9.get('groups', {}) if claim.x == 'sim_seconds' else {})}
@@ -839,7 +845,7 @@ def write_page(out: str, scale: Scale, page: str, figures: str, seconds: float,
     table_rows = _table(claim, groups if claim.x == 'sim_seconds' else g, claim.finals[0], g)
     details.append('\n'.join([
         f'### Claim {claim.number}', '', f'{claim.statement} ({claim.source})', '',
-        *card, '', f'What a test here means: {claim.regime.meaning}', '',
+        *card, '', f'What a test here means: {claim.regime.meaning.format(**fill)}', '',
         f'Verdict: **{word}**.', *(_tests_text(v, claim.units) if v else []), '',
         *(['Values are simulated seconds (slow links) to the target; bytes are the runs\'.',
            ''] if claim.x == 'sim_seconds' else []),
@@ -852,10 +858,12 @@ def write_page(out: str, scale: Scale, page: str, figures: str, seconds: float,
   before = previous_verdicts(PREVIOUS_PAGE)
   changed = ['| claim | 40 rounds (2.9 tokens per weight) | here | what changed |',
              '|---|---|---|---|'] + [
-      f'| {c.number} | {before.get(c.number, "—")} | {words[c.number]} | {WHY[c.number]} |'
+      f'| {c.number} | {before.get(c.number, "—")} | {words[c.number]} | '
+      f'{WHY[c.number].format(**fill)} |'
       for c in CLAIMS]
-  command = COMMAND if scale is SCALES['full'] else (
-      'python -m launch.claims --quick --out=runs/claims_quick')
+  command = {id(SCALES['full']): COMMAND,
+             id(SCALES['long']): 'python -m launch.claims --long --out=runs/claims140'}.get(
+                 id(scale), 'python -m launch.claims --quick --out=runs/claims_quick')
   fig = lambda name, title: f'![{title}]({rel}/{os.path.basename(paths[name])})'  # noqa: E731
   text = '\n'.join([
       '# Claims of the seed papers, each tested in its regime',
@@ -921,7 +929,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser = cli.Parser(prog='python -m launch.claims', description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--out', default=os.path.join('runs', 'claims70'))
-  parser.add_argument('--quick', action='store_true')
+  scales = parser.add_mutually_exclusive_group()
+  scales.add_argument('--quick', action='store_true',
+                      help='36-step runs: the pipeline end to end, not evidence')
+  scales.add_argument('--long', action='store_true',
+                      help='140 rounds (2,100 steps, 10 tokens per weight), about 2x longer')
   parser.add_argument('--page', help=f'default: {PAGE}, or OUT/claims.md with --quick')
   parser.add_argument('--parallel', type=cli.positive_int, default=1)
   parser.add_argument('--batch_runs', type=cli.positive_int, default=3,
@@ -933,7 +945,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('--page_only', action='store_true',
                       help='write the page from the finished runs; train nothing')
   args = parser.parse_args(argv)
-  scale = SCALES['quick' if args.quick else 'full']
+  scale = SCALES['quick' if args.quick else 'long' if args.long else 'full']
   page = args.page or (os.path.join(args.out, 'claims.md') if args.quick else PAGE)
   figures = os.path.join(args.out, 'figures') if args.quick else FIGURES
   clock = os.path.join(args.out, 'seconds.txt')

@@ -74,7 +74,7 @@ def test_every_run_config_loads_and_each_claim_compares_at_equal_tokens(scale, i
   assert {c.num_workers for n, c in configs.items()
           if not n.startswith(('diloco_r', 'diloco_m1'))} == {8}
   # Warm-up is a sixth of each run's own length (the H = 1 runs are shorter; tuning runs
-  # train half the steps at the full scale); the warm starts have none.
+  # train half the steps at the long scale); the warm starts have none.
   assert {c.optimizer.warmup_steps * 6 == c.steps for n, c in configs.items()
           if not n.startswith(WARM)} == {True}
   assert {c.steps for c in tuning.values()} == {
@@ -83,11 +83,13 @@ def test_every_run_config_loads_and_each_claim_compares_at_equal_tokens(scale, i
   assert {c.steps % c.eval.every for n, c in configs.items()
           if not n.startswith(WARM)} == {0}
   assert {c.eval.batches for c in configs.values()} == {32}
-  if scale == 'full':      # 140 rounds of H = 15, 10 tokens per weight
+  if scale != 'quick':     # 70 (long: 140) rounds of H = 15, 5 (10) tokens per weight
+    rounds = {'full': 70, 'long': 140}[scale]
     runs = [c for n, c in final.items() if c.algorithm.sync_every == 15
             and not n.startswith(WARM)]
-    assert {c.steps // c.algorithm.sync_every for c in runs} == {140}
-    assert s.tokens_per_weight == pytest.approx(10.08, abs=0.01)   # 4.3M / 426,752
+    assert {c.steps // c.algorithm.sync_every for c in runs} == {rounds}
+    # 1,050 x 8 x 4 x 64 = 2.15M tokens / 426,752 weights
+    assert s.tokens_per_weight == pytest.approx(rounds / 70 * 5.039, abs=0.01)
   streaming = [c for n, c in final.items() if n.startswith('streaming/')]
   assert {(c.algorithm.num_fragments, c.algorithm.non_block) for c in streaming} == {
       (2, 'first')}
