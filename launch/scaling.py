@@ -15,7 +15,7 @@ settings each, an edge pick extended once), scored on validation[:50%]; the pick
 at seeds 1-3 and are scored by `loco.evaluate` on validation[50%:]. Runs that differ
 only in seed or lr train three at a time in one program (`--batch_runs`).
 
-Sizing (`--minutes`, default 25): before anything else, three DiLoCo M = 8 runs of 200
+Sizing (`--minutes`, default 25): before anything else, three DiLoCo M = 8 runs of 210
 steps are trained batched (OUT/probe), and the tokens per weight are scaled down until
 the whole study's predicted time fits; the plan is kept in OUT/plan.json, so the same
 command resumes with the same runs. Writes OUT/points.json (loco's relative gaps L_M /
@@ -114,15 +114,26 @@ def _runs(seeds: int) -> int:
   return len(WORKERS + ('ddp',)) * (6 + seeds)
 
 
-def _probe(out: str, plan: dict[str, Any], steps: int, batch_runs: int) -> float:
+PROBE_STEPS = 7 * H     # about 200 steps, whole rounds (eval.every is a multiple of H)
+
+
+def probe_runs(plan: Mapping[str, Any], batch_runs: int) -> list[Any]:
+  """The sizing probe: `batch_runs` DiLoCo M = 8 runs of PROBE_STEPS steps."""
+  from loco import sweep
+  steps = PROBE_STEPS
+  b = budget({**plan, 'steps': steps})
+  m8 = methods(plan['batch'])[-1]
+  return [sweep.Run(f'r{i}', BASE, {**study.run_keys(m8, b), 'optimizer.lr': lr,
+                                    'eval.every': steps, 'checkpoint.every': steps})
+          for i, lr in enumerate(plan['inner_lrs'][:batch_runs])]
+
+
+def _probe(out: str, plan: dict[str, Any], batch_runs: int) -> float:
   """Seconds per step of `batch_runs` DiLoCo M = 8 runs trained together (whole wall,
   compilation included), from a short sweep in OUT/probe."""
   from loco import sweep
-  b = budget({**plan, 'steps': steps})
-  m8 = methods(plan['batch'])[-1]
-  runs = [sweep.Run(f'r{i}', BASE, {**study.run_keys(m8, b), 'optimizer.lr': lr,
-                                    'eval.every': steps, 'checkpoint.every': steps})
-          for i, lr in enumerate(plan['inner_lrs'][:batch_runs])]
+  runs = probe_runs(plan, batch_runs)
+  steps = PROBE_STEPS
   t = time.time()
   code = sweep.run_sweep(runs, os.path.join(out, 'probe'), report=False,
                          batch_runs=batch_runs, stream=open(os.devnull, 'w'))
@@ -156,7 +167,7 @@ def make_plan(out: str, preset: str, quick: bool, tokens_per_weight: float,
     plan.update(steps=4 * plan['h'], tokens_per_weight=4 * plan['h'] * tokens_per_step / params,
                 probe_seconds_per_step=None)
   else:
-    per_step = _probe(out, plan, 200, batch_runs)
+    per_step = _probe(out, plan, batch_runs)
     # Programs of batch_runs runs each; scale tokens until the study fits the minutes.
     programs = math.ceil(_runs(len(plan['seeds'])) / batch_runs)
     fit = minutes * 60 / (programs * per_step)            # steps per run that fit

@@ -27,6 +27,34 @@ def test_steps_are_multiples_of_four_rounds():
   assert scaling.steps_for(1e-6, 1000, 2048, 30) == 120       # at least 4 H
 
 
+@pytest.mark.parametrize('preset', ['micro', 'tiny'])
+def test_every_run_of_the_probe_and_the_study_loads(preset):
+  # The probe and every run of a sized plan are loco.main configs that load (the probe of
+  # 200 steps once clashed with log_every = H = 30 and failed before training).
+  from loco import experiment
+  from loco import study
+  from loco import sweep
+  batch, seq_len = scaling.SHAPES[preset]
+  plan = dict(preset=preset, params=426_752, batch=batch, seq_len=seq_len, h=scaling.H,
+              inner_lrs=[1.5e-3, 3e-3, 6e-3], seeds=[1, 2, 3], eval_batches=32,
+              score_batches=512, steps=scaling.steps_for(3.0, 426_752, batch * seq_len,
+                                                         scaling.H))
+  runs = scaling.probe_runs(plan, 3)
+  assert len(runs) == 3
+  b = scaling.budget(plan)
+  ms = scaling.methods(batch)
+  picks = {m.name: dict(setting=study.settings(m, b, {})[0][1]) for m in ms}
+  runs += [study.tuning_run(m, b, s) for m in ms for s in study.settings(m, b, {})[0]]
+  runs += study.final_runs(ms, scaling.finals(), b, picks, 'OUT')
+  sweep.check_runs(runs)
+  configs = [sweep.load_config(sweep.command(r, 'w')[3:]) for r in runs]
+  for c in configs:          # the checks loco.main makes before it trains
+    experiment.parse_config(c)
+  assert configs[0].steps == scaling.PROBE_STEPS and configs[-1].steps == plan['steps']
+  # Every run sees the same global batch: M workers x batch / M sequences.
+  assert {c.num_workers * c.batch_per_worker for c in configs} == {batch}
+
+
 class _Group:
   def __init__(self, losses):
     self.losses = losses
