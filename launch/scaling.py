@@ -30,6 +30,7 @@ import math
 import os
 import sys
 import time
+import warnings
 from typing import Any, Mapping, Sequence
 
 from loco import cli
@@ -103,6 +104,10 @@ def _params(preset: str) -> int:
   from loco import model as model_lib   # imports jax: only where a plan is made
   from loco.configs import default
   from loco.experiment import parse_config
+  # With jax imported, its fork hook warns at every run the sweep starts; subprocess
+  # execs at once after the fork, which is safe.
+  warnings.filterwarnings('ignore', message=r'os\.fork\(\) was called',
+                          category=RuntimeWarning)
   c = default.get_config()
   c.model.preset = preset
   return model_lib.param_count(parse_config(c).model)
