@@ -61,11 +61,6 @@ class RunConfig:
     if self.grad_mode not in axis.GRAD_MODES:
       raise ConfigError(f'grad_mode must be one of {axis.GRAD_MODES}, got '
                         f'{self.grad_mode!r}.')
-    for key in ('eval_every', 'checkpoint_every'):
-      value = getattr(self, key)
-      if value < 0 or value % self.log_every:
-        raise ConfigError(f'{_config_key(key)} must be a non-negative multiple of '
-                          f'log_every={self.log_every}, got {value}.')
 
 
 def _config_key(field: str) -> str:

@@ -161,6 +161,10 @@ def test_config_file_errors_name_the_file_and_line(tmp_path):
     ({'optimizer.eps': '0'}, 'optimizer.eps must be positive, got 0.0.'),
     ({'steps': True}, 'steps must be an integer, got True.'),
     ({'data.source': 3}, 'data.source must be a string, got 3.'),
+    # Between keys, checked here too, so that a sweep refuses the run before it starts.
+    ({'log_every': '30', 'eval.every': '200'},
+     'eval.every must be a multiple of log_every=30, got 200.'),
+    ({'checkpoint.every': '-10', 'log_every': '5'}, 'checkpoint.every must be >= 0, got -10.'),
 ])
 def test_values_are_checked_without_coercion(overrides, message):
   """Before: checkpoint.keep=0 became 1; the others were absl tracebacks or accepted."""

@@ -38,7 +38,7 @@ from loco.metrics import WANDB_MODES
 # (a key left None, "the preset's / the paper's default", is not checked); the
 # algorithm's keys carry theirs in its spec. Rules between keys stay
 # where the keys meet: eval.every and checkpoint.every are multiples of log_every
-# (experiment.RunConfig), seq_len <= model.max_seq_len, topk <= chunk_size (loco.compress),
+# (`_check_cadence`), seq_len <= model.max_seq_len, topk <= chunk_size (loco.compress),
 # slow_workers <= num_workers (loco.network).
 CONSTRAINTS = {
     'seed': 'in [0, 2**32)',
@@ -47,6 +47,8 @@ CONSTRAINTS = {
     'batch_per_worker': '>= 1',
     'seq_len': '>= 1',
     'log_every': '>= 1',
+    'eval.every': '>= 0',
+    'checkpoint.every': '>= 0',
     'model.vocab_size': '>= 1',
     'model.d_model': '>= 1',
     'model.num_layers': '>= 1',
@@ -419,6 +421,16 @@ def validate(config: config_dict.ConfigDict) -> None:
     ranges.check(key, CONSTRAINTS.get(key), present[key])
   _check_algorithm(present)
   _check_sinks(present)
+  _check_cadence(present)
+
+
+def _check_cadence(present: Mapping[str, Any]) -> None:
+  """Evaluations and checkpoints fall on logged steps (multiples of log_every)."""
+  every = present['log_every']
+  for key in ('eval.every', 'checkpoint.every'):
+    if present[key] % every:
+      raise ConfigError(f'{key} must be a multiple of log_every={every}, '
+                        f'got {present[key]}.')
 
 
 def _check_algorithm(present: Mapping[str, Any]) -> None:
