@@ -240,9 +240,11 @@ def finals(scale: Scale = SCALES['full']) -> list[Final]:
         out.append(Final(f'sparse_d{_pct(pct)}_{"2bit" if codec == "2bit" else "f32"}',
                          'sparseloco', {'algorithm.topk': k, 'algorithm.compression': codec},
                          single))
-  # GASLoC's topology x H table: averaged and own loss, consensus distance.
+  # GASLoC's topology x H table: averaged and own loss, consensus distance, from the
+  # last eval only (the workers' own evals cost 8 forward passes each).
   out += [Final(f'gasloc_{t}_h{h}', 'gasloc',
-                {'algorithm.topology': t, 'algorithm.sync_every': h, 'eval.per_worker': True},
+                {'algorithm.topology': t, 'algorithm.sync_every': h, 'eval.per_worker': True,
+                 'eval.every': scale.budget.steps},
                 single)
           for t in TOPOLOGIES for h in scale.h_table]
   return out
