@@ -407,9 +407,10 @@ def run_all(out: str, methods: Sequence[Method], finals: Sequence[Final], budget
             parallel: int = 1, retimes: Mapping[str, Mapping[str, Any]] | None = None,
             train: bool = True, batch_runs: int = 1, retimed: Sequence[str] | None = None
             ) -> tuple[dict[str, Any], dict[str, Group]]:
-  """Tunes, runs the finals, scores them; returns (picks, groups). `batch_runs`: runs
-  that differ only in seed or lr train up to this many in one program (`loco.sweep`).
-  `retimes` ({name: network keys}) re-time the finished synchronous finals named in
+  """Tunes, runs the finals, scores them; returns (picks, groups). With `train=False`
+  nothing trains and the finished finals are scored (a page of what is done so far).
+  `batch_runs`: runs that differ only in seed or lr train up to this many in one program
+  (`loco.sweep`). `retimes` ({name: network keys}) re-time the finished synchronous finals named in
   `retimed` (all if None) on each network (`loco.retime`)."""
   picks = tune(out, methods, budget, parallel, train, batch_runs)
   if train:
@@ -422,6 +423,6 @@ def run_all(out: str, methods: Sequence[Method], finals: Sequence[Final], budget
       chosen = [r for r in runs if retimed is None or r.name.split('/')[0] in retimed]
       retime_runs(chosen, os.path.join(out, 'final'), dict(retimes),
                   lambda text: print(text, flush=True))
-    score_finals(out, finals, budget)
+  score_finals(out, finals, budget)   # the finished ones, also when nothing trains
   return picks, groups(out, finals, budget)
 

@@ -2,6 +2,7 @@
 
 import math
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -196,7 +197,11 @@ def test_the_quick_claims_page_is_written_end_to_end(tmp_path, in_repo):
   mtime = os.path.getmtime(os.path.join(out, 'final', 'ddp', 'seed1', 'metrics.jsonl'))
   assert claims.main(['--quick', f'--out={out}', f'--page={page}']) == 0
   assert os.path.getmtime(os.path.join(out, 'final', 'ddp', 'seed1', 'metrics.jsonl')) == mtime
+  # Writing the page without training scores a final that is finished but not scored.
+  evals = os.path.join(out, 'final', 'ddp', 'seed1', 'evals')
+  shutil.rmtree(evals)
   assert claims.main(['--quick', f'--out={out}', f'--page={page}', '--page_only']) == 0
+  assert os.listdir(evals)
 
 
 def test_a_damaged_clock_file_is_one_line(tmp_path, capsys):
