@@ -97,6 +97,11 @@ def test_every_run_config_loads_and_each_claim_compares_at_equal_tokens(scale, i
   # Claim 7 tests GASLoC with one random neighbour per round.
   assert final['gasloc_h1_peer_ring/seed1'].algorithm.pairwise is True
   assert not final['gasloc_h1_ring/seed1'].algorithm.pairwise     # unset: every neighbour
+  # Claim 1's M = 1 control holds the whole batch on one worker and is tuned on its own.
+  for name in ('diloco_m1/seed1', 'diloco_m1_warm/seed1'):
+    assert (final[name].num_workers, final[name].batch_per_worker) == (1, 8 * s.batch)
+  assert {c.algorithm.outer_lr for n, c in tuning.items() if n.startswith('diloco_m1/')} == set(
+      claims.NESTEROV_M1.values)
 
 
 def test_every_method_gets_five_settings_of_the_same_inner_lrs():
