@@ -42,7 +42,6 @@ import math
 import os
 import re
 import sys
-import time
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
@@ -959,13 +958,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   def body() -> int:
     cli.check_output_dir(args.out)
-    t0 = time.time()
-    picks, g = study.run_all(args.out, methods(scale), finals(scale), scale.budget,
-                             args.parallel, retimes={'slow_links': SLOW_LINKS},
-                             train=not args.page_only, batch_runs=args.batch_runs,
-                             retimed=CLAIMS[8].finals)
-    if not args.page_only:
-      study.add_seconds(clock, time.time() - t0)
+    with study.clocked(clock, on=not args.page_only):
+      picks, g = study.run_all(args.out, methods(scale), finals(scale), scale.budget,
+                               args.parallel, retimes={'slow_links': SLOW_LINKS},
+                               train=not args.page_only, batch_runs=args.batch_runs,
+                               retimed=CLAIMS[8].finals)
     seconds = study.read_seconds(clock, math.nan)
     print(f'claims page: '
           f'{write_page(args.out, scale, page, figures, seconds, picks, g, args.scaling)}')

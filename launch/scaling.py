@@ -333,19 +333,20 @@ def main(argv: Sequence[str] | None = None) -> int:
       return 0
     if args.tokens_per_weight <= 0 or args.minutes <= 0:
       raise LocoError('--tokens_per_weight and --minutes must be positive.')
-    t0 = time.time()
-    plan = make_plan(args.out, 'nano' if args.quick else args.preset, args.quick,
-                     args.tokens_per_weight, args.minutes, args.batch_runs)
-    print(f'plan: {plan["preset"]}, {plan["params"]:,} weights, {plan["steps"]} steps '
-          f'({plan["tokens_per_weight"]:.1f} tokens per weight), H = {plan["h"]}'
-          + (f'; probe {plan["probe_seconds_per_step"]:.3f} s per step of '
-             f'{plan["batch_runs"]} runs' if plan['probe_seconds_per_step'] else ''),
-          flush=True)
-    picks, groups = study.run_all(args.out, methods(plan['batch']), finals(), budget(plan),
-                                  batch_runs=plan['batch_runs'])
+    clock = os.path.join(args.out, 'seconds.json')
+    with study.clocked(clock):
+      plan = make_plan(args.out, 'nano' if args.quick else args.preset, args.quick,
+                       args.tokens_per_weight, args.minutes, args.batch_runs)
+      print(f'plan: {plan["preset"]}, {plan["params"]:,} weights, {plan["steps"]} steps '
+            f'({plan["tokens_per_weight"]:.1f} tokens per weight), H = {plan["h"]}'
+            + (f'; probe {plan["probe_seconds_per_step"]:.3f} s per step of '
+               f'{plan["batch_runs"]} runs' if plan['probe_seconds_per_step'] else ''),
+            flush=True)
+      picks, groups = study.run_all(args.out, methods(plan['batch']), finals(),
+                                    budget(plan), batch_runs=plan['batch_runs'])
     p = points(args.out, plan, groups)
     write_json(os.path.join(args.out, 'points.json'), p)
-    seconds = study.add_seconds(os.path.join(args.out, 'seconds.json'), time.time() - t0)
+    seconds = study.read_seconds(clock, math.nan)
     page = write_page(args.out, plan, p, picks, seconds)
     print(f'points: {os.path.join(args.out, "points.json")}; page: {page}; '
           f'{ordering(p)}')

@@ -27,9 +27,11 @@ same call resumes after an interruption and skips what is finished.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
+import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -401,6 +403,18 @@ def add_seconds(clock: str, seconds: float) -> float:
     f.write(str(total))
   os.replace(clock + '.tmp', clock)
   return total
+
+
+@contextlib.contextmanager
+def clocked(clock: str, on: bool = True):
+  """Adds the block's wall time to the study's clock file when it ends, also when it is
+  interrupted (the time was spent); nothing with `on=False`."""
+  t0 = time.time()
+  try:
+    yield
+  finally:
+    if on:
+      add_seconds(clock, time.time() - t0)
 
 
 def run_all(out: str, methods: Sequence[Method], finals: Sequence[Final], budget: Budget,

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import math
 import os
+import time
 
 import numpy as np
 import pytest
@@ -188,3 +189,20 @@ def test_compare_clusters_the_eval_se_by_document():
 def test_time_to_target_per_seed():
   curves = [[(0.0, 3.0), (10.0, 2.0)], [(0.0, 3.0), (10.0, 2.6)]]
   assert study.seconds_to(curves, 2.5) == [pytest.approx(5.0), None]
+
+
+def test_the_clock_counts_an_interrupted_invocation(tmp_path):
+  clock = str(tmp_path / 'seconds.txt')
+  with pytest.raises(KeyboardInterrupt):
+    with study.clocked(clock):
+      time.sleep(0.05)
+      raise KeyboardInterrupt
+  first = study.read_seconds(clock, 0.0)
+  assert 0.05 <= first < 5
+  with study.clocked(clock):
+    time.sleep(0.02)
+  assert study.read_seconds(clock, 0.0) >= first + 0.02
+  total = study.read_seconds(clock, 0.0)
+  with study.clocked(clock, on=False):        # --page_only: the clock does not move
+    time.sleep(0.02)
+  assert study.read_seconds(clock, 0.0) == total
