@@ -58,7 +58,7 @@ from loco.study import Final, Group, Knob, Method
 BASE = 'experiments/micro.py:ddp'      # no algorithm keys set: any algorithm on top
 PAGE = os.path.join('docs', 'claims.md')
 PREVIOUS_PAGE = os.path.join('docs', 'claims_40_rounds.md')
-FIGURES = os.path.join('docs', 'figures', 'claims')
+FIGURES = os.path.join('figures', 'claims')     # beside the page: docs/figures/claims
 COMMAND = 'python -m launch.claims --out=runs/claims70'
 
 # The heterogeneous network of claim 9 (tiny_hetero.py's): 1 Gbit/s links with 10 ms
@@ -940,7 +940,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help='36-step runs: the pipeline end to end, not evidence')
   scales.add_argument('--long', action='store_true',
                       help='140 rounds (2,100 steps, 10 tokens per weight), about 2x longer')
-  parser.add_argument('--page', help=f'default: {PAGE}, or OUT/claims.md with --quick')
+  parser.add_argument('--page', help=f'default: {PAGE}, or OUT/claims.md with --quick; '
+                      'its figures go to figures/claims beside it')
   parser.add_argument('--parallel', type=cli.positive_int, default=1)
   parser.add_argument('--batch_runs', type=cli.positive_int, default=3,
                       help='runs that differ only in seed or lr train up to N in one '
@@ -953,7 +954,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
   scale = SCALES['quick' if args.quick else 'long' if args.long else 'full']
   page = args.page or (os.path.join(args.out, 'claims.md') if args.quick else PAGE)
-  figures = os.path.join(args.out, 'figures') if args.quick else FIGURES
+  figures = os.path.join(os.path.dirname(page) or '.', FIGURES)
   clock = os.path.join(args.out, 'seconds.txt')
 
   def body() -> int:

@@ -189,8 +189,8 @@ def test_the_quick_claims_page_is_written_end_to_end(tmp_path, in_repo):
   assert all(any(v in r for v in verdicts) for r in rows), rows
   assert '95% CI' in text and 'bytes received / worker' in text
   for n in range(1, 12):
-    assert os.path.getsize(os.path.join(out, 'figures', f'claim{n}.png')) > 1000
-  for path in claims.figure_paths(os.path.join(out, 'figures')).values():
+    assert os.path.getsize(os.path.join(tmp_path, claims.FIGURES, f'claim{n}.png')) > 1000
+  for path in claims.figure_paths(os.path.join(tmp_path, claims.FIGURES)).values():
     assert os.path.getsize(path) > 1000, path
   assert text.count('| model size |') == 11                 # a regime card per claim
   assert '## What changed from the 40-round page, and why' in text
