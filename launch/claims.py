@@ -815,6 +815,18 @@ def previous_verdicts(path: str) -> dict[int, str]:
   return {int(n): word for n, word in found}
 
 
+def _cost_text(out: str, seconds: float) -> str:
+  """The runs' cost on this machine, from their own statuses (`study.cost`), and the
+  clock of the invocations that trained them (which includes any pause)."""
+  c = study.cost(out)
+  units = c['tuning'] + c['finals']
+  clock = (f'; the launcher\'s clock reads {seconds / 3600:.1f} h, pauses and other work '
+           'included' if math.isfinite(seconds) else '')
+  return (f'Its runs: {units:.0f} units of one 1,050-step M = 8 run ({c["tuning"]:.0f} '
+          f'tuning, {c["finals"]:.0f} finals) at a median {c["per_unit"]:.0f} s each on 2 '
+          f'cores = {units * c["per_unit"] / 3600:.1f} h, scoring apart{clock}.')
+
+
 def write_page(out: str, scale: Scale, page: str, figures: str, seconds: float,
                picks: Mapping[str, Any], g: Mapping[str, Group],
                scaling_dirs: Sequence[str] = ()) -> str:
@@ -876,9 +888,9 @@ def write_page(out: str, scale: Scale, page: str, figures: str, seconds: float,
   text = '\n'.join([
       '# Claims of the seed papers, each tested in its regime',
       '',
-      f'Regenerate: `{command}` ({seconds / 3600:.1f} h of runs on this machine when last '
-      'run from nothing; re-running skips finished runs and rewrites this page). The '
-      'scaling overlay: `python -m launch.scaling --preset=micro --out=runs/scaling_micro`.',
+      f'Regenerate: `{command}` (re-running skips finished runs and rewrites this page). '
+      f'{_cost_text(out, seconds)} The scaling overlay: `python -m launch.scaling '
+      '--preset=micro --out=runs/scaling_micro`.',
       '',
       __doc__.split('\n\n', 2)[2].strip(),
       '',

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import glob
 import math
 import os
 import time
@@ -403,6 +404,40 @@ def add_seconds(clock: str, seconds: float) -> float:
     f.write(str(total))
   os.replace(clock + '.tmp', clock)
   return total
+
+
+# ---- what a study cost ---------------------------------------------------------------
+
+UNIT_TOKENS = 1050 * 8 * 4 * 64     # one M = 8 micro run of 1,050 steps (4 x 64 per worker)
+
+
+def run_units(overrides: Mapping[str, Any]) -> float:
+  """A run's tokens in units of UNIT_TOKENS (on 2 cores tokens decide a run's cost)."""
+  return (overrides['steps'] * overrides.get('num_workers', 8) *
+          overrides.get('batch_per_worker', 4) * overrides.get('seq_len', 64) / UNIT_TOKENS)
+
+
+def programs(folder: str) -> list[tuple[float, float]]:
+  """(units, seconds) per finished program under `folder` (a batch of runs is one)."""
+  found: dict[tuple, tuple[float, float]] = {}
+  for path in glob.glob(os.path.join(folder, '**', 'status.json'), recursive=True):
+    s = runs_lib.read_json_object(path) or {}
+    if s.get('state') != 'finished' or 'steps' not in (s.get('overrides') or {}):
+      continue
+    key = tuple(s['batch']) if s.get('batch') else (s.get('name'),)
+    u, secs = found.get(key, (0.0, 0.0))
+    found[key] = (u + run_units(s['overrides']), max(secs, float(s.get('seconds') or 0.0)))
+  return list(found.values())
+
+
+def cost(out: str) -> dict[str, float]:
+  """What OUT's finished runs cost: their units, and the median seconds per unit over
+  the programs (robust to a program slowed by a pause or by other work beside it)."""
+  tune, final = programs(os.path.join(out, 'tune')), programs(os.path.join(out, 'final'))
+  every = [(u, secs) for u, secs in tune + final if u > 0]
+  per_unit = float(np.median([secs / u for u, secs in every])) if every else math.nan
+  return dict(programs=len(every), per_unit=per_unit, tuning=sum(u for u, _ in tune),
+              finals=sum(u for u, _ in final))
 
 
 @contextlib.contextmanager

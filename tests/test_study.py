@@ -206,3 +206,24 @@ def test_the_clock_counts_an_interrupted_invocation(tmp_path):
   with study.clocked(clock, on=False):        # --page_only: the clock does not move
     time.sleep(0.02)
   assert study.read_seconds(clock, 0.0) == total
+
+
+def test_cost_counts_each_batch_once_and_takes_the_median_per_unit(tmp_path):
+  def status(folder, name, seconds, batch=None, **overrides):
+    d = tmp_path / folder / name
+    d.mkdir(parents=True)
+    (d / 'status.json').write_text(json.dumps(dict(
+        name=name, state='finished', seconds=seconds, batch=batch,
+        overrides={'steps': 1050, **overrides})))
+  pair = ['a/1', 'a/2']
+  status('tune', 'a/1', 80.0, pair)                 # a batch of 2 units in 80 s: 40 s/unit
+  status('tune', 'a/2', 80.0, pair)
+  status('final', 'b', 45.0, num_workers=1, batch_per_worker=32)   # 1 unit in 45 s
+  status('final', 'c', 900.0, steps=525)            # half a unit, slowed by a pause
+  d = tmp_path / 'final' / 'd'                      # unfinished: not counted
+  d.mkdir(parents=True)
+  (d / 'status.json').write_text(json.dumps(dict(name='d', state='running',
+                                                 overrides={'steps': 1050})))
+  c = study.cost(str(tmp_path))
+  assert c['programs'] == 3 and c['tuning'] == 2.0 and c['finals'] == 1.5
+  assert c['per_unit'] == 45.0                      # median of 40, 45 and 1800
