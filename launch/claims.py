@@ -781,7 +781,8 @@ def scaling_text(dirs: Sequence[str], figures: str, rel: str) -> list[str]:
       ci = w['gap_ci']
       cells.append(f'{w["gap_mean"]:+.1%}' + (f' [{ci[0]:+.1%}, {ci[1]:+.1%}]' if ci else '')
                    + f' / {w["predicted"]:+.1%}')
-    lines.append(f'| {d} | {p["params"]:,} | {p["tokens_per_weight"]:.1f} | '
+    name = os.path.basename(os.path.normpath(d))
+    lines.append(f'| {name} | {p["params"]:,} | {p["tokens_per_weight"]:.1f} | '
                  + ' | '.join(cells) + f' | {scaling.ordering(p)} |')
   return lines
 
@@ -795,9 +796,10 @@ WHY = {
     3: 'Dropout at 10 / 30 / 50% as the paper\'s figure, keep_local only.',
     4: '{rounds} rounds; the tau x alpha and P figure beside the claim.',
     5: 'E3M0 for Streaming too, the paper\'s setting.',
-    6: 'The paper\'s H, rounds and tokens per weight; the density ladder beside it.',
+    6: 'The paper\'s H; {rounds} rounds (the paper: 163) at {tpw} tokens per weight (20); '
+       'the density ladder beside it.',
     7: 'GASLoC with one random neighbour per round (the paper\'s sparse randomized peer '
-       'communication) is the one tested; {steps_h1} steps (the 40-round page: 300).',
+       'communication) is the one tested, over {steps_h1} steps (the 40-round page: 300).',
     8: '{rounds} rounds; outer momentum 0.9.',
     9: 'The asynchronous mode of the last page, over {rounds} rounds.',
     10: 'New.',
