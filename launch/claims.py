@@ -842,7 +842,8 @@ def write_page(out: str, scale: Scale, page: str, figures: str, seconds: float,
               steps_h1=scale.budget.steps_h1)
   rows, details, words = [], [], {}
   for claim in CLAIMS:
-    groups = {**g, **(t9.get('groups', {}) if claim.x == 'sim_seconds' else {})}
+    # Claim 9 compares seconds to the target: only finals with a seed that reached it.
+    groups = dict(t9.get('groups', {})) if claim.x == 'sim_seconds' else g
     try:
       v = judge(groups, claim.tests(picks))
       word = v.word
@@ -851,6 +852,11 @@ def write_page(out: str, scale: Scale, page: str, figures: str, seconds: float,
           else f'{n}: {groups[n].text()}' for n in claim.finals if n in groups)
     except KeyError as e:
       v, word, measured = None, 'not run', f'missing finals: {e.args[0]}'
+      if claim.x == 'sim_seconds' and not t9:
+        measured = 'the synchronous finals are not re-timed on slow links yet'
+      elif claim.x == 'sim_seconds' and e.args[0] in g:
+        # Finished, and no seed reached the target that every synchronous seed reaches.
+        word, measured = 'not reproduced', f'{e.args[0]} never reaches the target'
     words[claim.number] = word
     if claim.x == 'sim_seconds' and t9:
       never = {n: s for n, s in t9['never'].items() if s}
