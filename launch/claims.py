@@ -22,17 +22,18 @@ beside (the uncertainty about held-out text, which the seed test does not includ
 
 Scale (`SCALES`): the micro model (experiments/micro.py, 0.43M weights), 8 workers x 4
 sequences x 64 tokens per step, 1,050 steps = 2.15M tokens = 5 tokens per weight = 70
-rounds of H = 15 from scratch (claims at one step per communication: 300 steps): about 2
-hours of runs on 2 cores with every claim, figure and table below (192 runs' worth of
-1,050 steps at M = 8, measured at 37 s each, three at a time). `--long` doubles the finals
-(2,100 steps = 140 rounds = 10 tokens per weight; the same tuning runs, now half length):
-about 3.5 hours. Each claim's regime card sets the paper's regime beside this one. The
-figures' series (H, M, Streaming's tau x alpha and P) train at seeds 1-2, the density
-ladder and the topology x H table at seed 1. Runs are `loco.sweep` runs under OUT/tune and
-OUT/final, those that differ only in seed or lr three at a time in one program
-(`--batch_runs`): the same command resumes after an interruption and skips what is
-finished; the page is rewritten from the runs each time. `--quick` is the same pipeline
-with 36-step runs (a pipeline check, not evidence); it writes OUT/claims.md.
+rounds of H = 15 from scratch (claims at one step per communication: 300 steps): about 2.2
+hours on 2 cores with every claim, figure and table below (189 units of one 1,050-step M =
+8 run, at a median 40 s each three at a time: `python scripts/study_cost.py runs/claims70
+--planned`). `--long` doubles the finals (2,100 steps = 140 rounds = 10 tokens per weight;
+the same tuning runs, now half length): about 3.5 hours. Each claim's regime card sets the
+paper's regime beside this one. The figures' series (H, M, Streaming's tau x alpha and P)
+train at seeds 1-2, the density ladder and the topology x H table at seed 1. Runs are
+`loco.sweep` runs under OUT/tune and OUT/final, those that differ only in seed or lr three
+at a time in one program (`--batch_runs`): the same command resumes after an interruption
+and skips what is finished; the page is rewritten from the runs each time. `--quick` is
+the same pipeline with 36-step runs (a pipeline check, not evidence); it writes
+OUT/claims.md.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ def _scale(steps, steps_h1, h, eval_every, seeds, score_batches, tune_fraction,
 
 
 SCALES = {
-    # 70 rounds of H = 15, 5 tokens per weight, tuned at full length: about 2 hours here
+    # 70 rounds of H = 15, 5 tokens per weight, tuned at full length: about 2.2 hours here
     # with every claim, figure and table of the page.
     'full': _scale(1050, 300, 15, 150, (1, 2, 3), 512, 1.0, (1, 2), (1,),
                    (1, 5, 30, 60, 150), (1, 5, 15, 30)),
@@ -817,6 +818,16 @@ def previous_verdicts(path: str) -> dict[int, str]:
   return {int(n): word for n, word in found}
 
 
+def _progress(scale: Scale, g: Mapping[str, Group]) -> list[str]:
+  """A line saying the page is partial, while some final runs are not finished."""
+  planned = {f.name: len(f.seeds_of(scale.budget)) for f in finals(scale)}
+  done = sum(len(g[n].losses) for n in planned if n in g)
+  if done >= sum(planned.values()):
+    return []
+  return ['', f'**In progress:** {done} of {sum(planned.values())} final runs are finished '
+          'and scored; what is missing shows "not run", and the same command finishes it.']
+
+
 def _cost_text(out: str, seconds: float) -> str:
   """The runs' cost on this machine, from their own statuses (`study.cost`), and the
   clock of the invocations that trained them (which includes any pause)."""
@@ -899,6 +910,7 @@ def write_page(out: str, scale: Scale, page: str, figures: str, seconds: float,
       f'Regenerate: `{command}` (re-running skips finished runs and rewrites this page). '
       f'{_cost_text(out, seconds)} The scaling overlay: `python -m launch.scaling '
       '--preset=micro --out=runs/scaling_micro`.',
+      *_progress(scale, g),
       '',
       __doc__.split('\n\n', 2)[2].strip(),
       '',
