@@ -16,6 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from launch import claims  # noqa: E402
 from loco import study  # noqa: E402
+from loco.errors import LocoError  # noqa: E402
 
 
 def planned_units() -> float:
@@ -33,7 +34,11 @@ def main(argv: list[str]) -> int:
   if len(folders) != 1 or set(argv) - set(folders) - {'--planned'}:
     print('usage: python scripts/study_cost.py OUT [--planned]', file=sys.stderr)
     return 2
-  c = study.cost(folders[0])
+  try:
+    c = study.cost(folders[0])
+  except LocoError as e:
+    print(f'study_cost: error: {e}', file=sys.stderr)
+    return 1
   if not c['programs']:
     print(f'study_cost: no finished runs under {folders[0]}', file=sys.stderr)
     return 1
