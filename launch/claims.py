@@ -297,6 +297,8 @@ class Verdict:
 
 
 def _refuted_p(c: study.Comparison) -> float:
+  if c.diverged_a:   # the claimed method diverged where the other finished: refuted
+    return 0.0
   t = c.paired or c.welch
   return 1.0 if t is None or math.isnan(t.p_greater) else t.p_greater
 
@@ -488,7 +490,7 @@ def derived_groups(g: Mapping[str, Group]) -> dict[str, Group]:
     if a in g and b in g:
       seeds = sorted(set(g[a].losses) & set(g[b].losses))
       out[name] = Group(name, {s: g[a].losses[s] - g[b].losses[s] for s in seeds}, {},
-                        None, 0.0, 0.0, 0.0, [])
+                        None, 0.0, 0.0, 0.0, [], {}, {**g[a].diverged, **g[b].diverged})
   return out
 
 
@@ -693,14 +695,14 @@ def draw_figures(g: Mapping[str, Group], scale: Scale, figures: str,
   chis = chi1_of()
   for i, h in enumerate(scale.h_table):
     base = table.get(('complete', h))
-    pts = [(chis[t], table[(t, h)].mean - base.mean) for t in TOPOLOGIES
-           if t != 'complete' and (t, h) in table and base is not None]
+    pts = [(chis[t], table[(t, h)].mean - base.mean) for t in fixed_graphs()
+           if (t, h) in table and base is not None]
     if pts:
       pts.sort()
       ax.plot([p[0] for p in pts], [p[1] for p in pts], marker='o', color=f'C{i}',
               label=f'H = {h}')
   ax.set_xscale('log')
-  ax.set_xlabel('chi1 of the graph (1 / lambda_2 of its Laplacian)')
+  ax.set_xlabel('chi1 of the fixed graph (1 / lambda_2 of its Laplacian)')
   ax.set_ylabel('loss - complete graph\'s (seed 1)')
   ax.axhline(0, color='grey', linewidth=0.8)
   ax.legend(fontsize=7)
@@ -741,20 +743,44 @@ def topology_text(table: Mapping[tuple[str, int], Group], scale: Scale) -> list[
                    f'{x.mean:.4f} / {x.last.get("eval_loss_workers", math.nan):.4f} / '
                    f'{x.last.get("worker_spread", math.nan):.4f}')
     rows.append(f'| {t} | {chis[t]:.2f} | ' + ' | '.join(cells) + ' |')
-  slopes = []
+  fixed = fixed_graphs()
+  lines = []
   for h in scale.h_table:
     base = table.get(('complete', h))
-    if base is None:
+    ts = [t for t in fixed if (t, h) in table]
+    if base is None or not ts:
       continue
-    ts = [t for t in TOPOLOGIES if t != 'complete' and (t, h) in table]
-    k = _slope([chis[t] for t in ts], [table[(t, h)].mean - base.mean for t in ts])
-    if k is not None:
-      slopes.append(f'H = {h}: {k:.2f}')
-  rows += ['', 'Slope of log(gap to the complete graph) against log(chi1), over the graphs '
-           'with a positive gap (1: the gap grows like chi1; 0.5: like sqrt(chi1), the '
-           f'paper\'s claim with outer momentum): {"; ".join(slopes) or "not enough runs"}. '
-           'One seed per cell: read the slopes as a shape, not a test.']
+    gaps = {t: table[(t, h)].mean - base.mean for t in ts}
+    spread = {t: table[(t, h)].last.get('worker_spread', math.nan) for t in ts}
+    k = _slope([chis[t] for t in ts], list(gaps.values()))
+    c = _slope([chis[t] for t in ts], list(spread.values()))
+    lines.append(
+        f'- H = {h}: gap to the complete graph '
+        + ', '.join(f'{t} {gaps[t]:+.4f}' for t in ts) + '; slope of the gap: '
+        + ('fewer than 2 graphs with a positive gap' if k is None else f'{k:.2f}')
+        + '; slope of the consensus distance: '
+        + ('fewer than 2 graphs' if c is None else f'{c:.2f}') + '.')
+  random = [t for t in TOPOLOGIES if t != 'complete' and t not in fixed]
+  rows += ['', 'Slopes of log(gap to the complete graph) and of log(consensus distance) '
+           'against log(chi1), over the fixed graphs ('
+           + ', '.join(fixed) + '; the gap\'s over those with a positive gap). A slope of 1: '
+           'it grows like chi1; 0.5: like sqrt(chi1), the paper\'s claim with outer '
+           'momentum. '
+           + (f'{", ".join(random)} draws its graph per round: its chi1 is that of its '
+              'expected communication rates, which equal the complete graph\'s, so it is '
+              'left out of the slopes and the figure. ' if random else '')
+           + 'The consensus distance is the workers\' RMS distance to their mean, relative '
+           'to the mean\'s norm, at the last eval. One seed per cell: read the slopes as a '
+           'shape, not a test.', '',
+           *(lines or ['- not enough runs.'])]
   return rows
+
+
+def fixed_graphs() -> list[str]:
+  """The topologies (not complete) whose graph is the same every round."""
+  from loco import topology
+  return [t for t in TOPOLOGIES
+          if t != 'complete' and not topology.make_topology(t, 8).is_random]
 
 
 # ---- the scaling overlay --------------------------------------------------------------
@@ -819,28 +845,45 @@ def previous_verdicts(path: str) -> dict[int, str]:
 
 
 def _progress(scale: Scale, g: Mapping[str, Group]) -> list[str]:
-  """A line saying the page is partial, while some final runs are not finished."""
+  """A line saying the page is partial, while some final runs have not ended (finished
+  and scored, or diverged), and one naming the finals that diverged."""
   planned = {f.name: len(f.seeds_of(scale.budget)) for f in finals(scale)}
   done = sum(len(g[n].losses) for n in planned if n in g)
-  if done >= sum(planned.values()):
-    return []
-  return ['', f'**In progress:** {done} of {sum(planned.values())} final runs are finished '
-          'and scored; what is missing shows "not run", and the same command finishes it.']
+  diverged = [(n, g[n]) for n in planned if n in g and g[n].diverged]
+  ended = done + sum(len(x.diverged) for _, x in diverged)
+  lines = []
+  if ended < sum(planned.values()):
+    lines += ['', f'**In progress:** {ended} of {sum(planned.values())} final runs have '
+              'ended; what is missing shows "not run", and the same command finishes it.']
+  if diverged:
+    lines += ['', f'**Diverged:** {sum(len(x.diverged) for _, x in diverged)} of '
+              f'{sum(planned.values())} final runs ('
+              + '; '.join(f'{n}: {x.diverged_text()}' for n, x in diverged)
+              + '). A diverged seed has no loss: its final\'s mean, std and tests are over '
+              'the other seeds, and a comparison whose first final diverged where the '
+              'other finished is not reproduced.']
+  return lines
 
 
-def _cost_text(out: str, seconds: float) -> str:
-  """The runs' cost on this machine, from their own statuses (`study.cost`), and the
-  clock of the invocations that trained them (which includes any pause)."""
+def _cost_text(out: str) -> str:
+  """The runs' cost on this machine and the wall time they were in flight, both from
+  their own statuses (`study.cost`), so across every invocation that trained them."""
   c = study.cost(out)
   units = c['tuning'] + c['finals']
-  clock = (f'; the launcher\'s clock reads {seconds / 3600:.1f} h, pauses and other work '
-           'included' if math.isfinite(seconds) else '')
+  clock = (f'; they were in flight for {c["in_flight"] / 3600:.1f} h of wall time, pauses '
+           'and other work on the machine included')
   return (f'Its runs: {units:.0f} units of one 1,050-step M = 8 run ({c["tuning"]:.0f} '
           f'tuning, {c["finals"]:.0f} finals) at a median {c["per_unit"]:.0f} s each on 2 '
           f'cores = {units * c["per_unit"] / 3600:.1f} h, scoring apart{clock}.')
 
 
-def write_page(out: str, scale: Scale, page: str, figures: str, seconds: float,
+def _seconds_text(name: str, x: Group) -> str:
+  if len(x.values) == 1:
+    return f'{name}: {x.mean:.1f} s (1 seed)'
+  return f'{name}: {x.mean:.1f} ± {x.std:.1f} s'
+
+
+def write_page(out: str, scale: Scale, page: str, figures: str,
                picks: Mapping[str, Any], g: Mapping[str, Group],
                scaling_dirs: Sequence[str] = ()) -> str:
   t9 = times_to_target(out, scale, g)
@@ -859,7 +902,7 @@ def write_page(out: str, scale: Scale, page: str, figures: str, seconds: float,
       v = judge(groups, claim.tests(picks))
       word = v.word
       measured = '; '.join(
-          f'{n}: {groups[n].mean:.1f} ± {groups[n].std:.1f} s' if claim.x == 'sim_seconds'
+          _seconds_text(n, groups[n]) if claim.x == 'sim_seconds'
           else f'{n}: {groups[n].text()}' for n in claim.finals if n in groups)
     except KeyError as e:
       v, word, measured = None, 'not run', f'missing finals: {e.args[0]}'
@@ -870,9 +913,10 @@ def write_page(out: str, scale: Scale, page: str, figures: str, seconds: float,
         word, measured = 'not reproduced', f'{e.args[0]} never reaches the target'
     words[claim.number] = word
     if claim.x == 'sim_seconds' and t9:
-      never = {n: s for n, s in t9['never'].items() if s}
+      never = '; '.join(f'{n} never reaches it at seed{"s" * (len(s) > 1)} '
+                        f'{", ".join(map(str, s))}' for n, s in t9['never'].items() if s)
       measured = (f'simulated seconds to eval loss {t9["target"]:.3f}: {measured}' +
-                  (f'; never reached: {never}' if never else ''))
+                  (f'; {never}' if never else ''))
     figure = f'claim{claim.number}.png'
     _plot(claim, g, out, scale, t9, os.path.join(figures, figure))
     rows.append(f'| {claim.number} | {claim.statement} ({claim.source}) | {measured} | '
@@ -908,7 +952,7 @@ def write_page(out: str, scale: Scale, page: str, figures: str, seconds: float,
       '# Claims of the seed papers, each tested in its regime',
       '',
       f'Regenerate: `{command}` (re-running skips finished runs and rewrites this page). '
-      f'{_cost_text(out, seconds)} The scaling overlay: `python -m launch.scaling '
+      f'{_cost_text(out)} The scaling overlay: `python -m launch.scaling '
       '--preset=micro --out=runs/scaling_micro`.',
       *_progress(scale, g),
       '',
@@ -989,18 +1033,14 @@ def main(argv: Sequence[str] | None = None) -> int:
   scale = SCALES['quick' if args.quick else 'long' if args.long else 'full']
   page = args.page or (os.path.join(args.out, 'claims.md') if args.quick else PAGE)
   figures = os.path.join(os.path.dirname(page) or '.', FIGURES)
-  clock = os.path.join(args.out, 'seconds.txt')
 
   def body() -> int:
     cli.check_output_dir(args.out)
-    with study.clocked(clock, on=not args.page_only):
-      picks, g = study.run_all(args.out, methods(scale), finals(scale), scale.budget,
-                               args.parallel, retimes={'slow_links': SLOW_LINKS},
-                               train=not args.page_only, batch_runs=args.batch_runs,
-                               retimed=CLAIMS[8].finals)
-    seconds = study.read_seconds(clock, math.nan)
-    print(f'claims page: '
-          f'{write_page(args.out, scale, page, figures, seconds, picks, g, args.scaling)}')
+    picks, g = study.run_all(args.out, methods(scale), finals(scale), scale.budget,
+                             args.parallel, retimes={'slow_links': SLOW_LINKS},
+                             train=not args.page_only, batch_runs=args.batch_runs,
+                             retimed=CLAIMS[8].finals)
+    print(f'claims page: {write_page(args.out, scale, page, figures, picks, g, args.scaling)}')
     return 0
 
   return cli.run('launch.claims', body)

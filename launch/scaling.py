@@ -206,7 +206,8 @@ def points(out: str, plan: Mapping[str, Any], groups: Mapping[str, study.Group]
     result['workers'][str(m)] = dict(
         losses=g.losses, gaps={s: x for s, x in zip(seeds, gaps)},
         gap_mean=float(sum(gaps) / len(gaps)) if gaps else math.nan,
-        gap_ci=list(ci.ci) if ci else None, predicted=predicted_gap(plan['params'], m))
+        gap_ci=list(ci.ci) if ci else None, predicted=predicted_gap(plan['params'], m),
+        diverged={str(s): step for s, step in sorted(g.diverged.items())})
   return result
 
 
@@ -237,7 +238,9 @@ def write_page(out: str, plan: Mapping[str, Any], p: Mapping[str, Any],
               'yes' if ci[0] <= w['predicted'] <= ci[1] else 'no')
     rows.append(f'| M = {m} | {w["gap_mean"]:+.2%}' +
                 (f' [{ci[0]:+.2%}, {ci[1]:+.2%}]' if ci else '') + ' | ' +
-                ', '.join(f'{x:+.2%}' for x in w['gaps'].values()) +
+                ', '.join([f'{x:+.2%}' for x in w['gaps'].values()] +
+                          [f'seed {s} diverged at step {step}'
+                           for s, step in (w.get('diverged') or {}).items()]) +
                 f' | {w["predicted"]:+.1%} | {inside} |')
   tuning = [f'| {name} | {", ".join(f"{k}: {v:.4f}" for k, v in x["grid"])} | '
             f'{x["label"]} |' for name, x in picks.items()]

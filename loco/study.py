@@ -18,7 +18,10 @@ final loss (a diverged setting scores +inf), then trains at every seed of `Budge
 (distinct from the tuning seed) per final (`Final`: a method at its pick, with some keys
 changed), and each final model is scored by `loco.evaluate` on `Budget.score_batches` x
 16 windows of the final split, per window with its document. Runs of one seed share the
-init and data order across methods, so finals compare paired by seed (`compare`).
+init and data order across methods, so finals compare paired by seed (`compare`). A
+final that diverges at a seed is a result, not a gap: its group names the seed
+(`Group.diverged`), and a comparison whose first method diverged where the second
+finished does not hold (`Comparison.verdict`).
 Warm-up is `Budget.warmup_frac` of each run's own length.
 
 Runs are `loco.sweep` runs under OUT/tune/METHOD/LABEL and OUT/final/FINAL/seedS: the
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import glob
 import math
 import os
@@ -281,6 +285,8 @@ class Group:
   curves: list[list[tuple[float, float]]]    # per seed: (tokens, eval loss) while training
   last: dict[str, float] = dataclasses.field(default_factory=dict)  # the last in-loop
   # eval's numbers, mean over seeds (worker_spread, eval_loss_workers, sim_seconds, ...)
+  diverged: dict[int, int] = dataclasses.field(default_factory=dict)  # seed -> the step
+  # its run diverged at (no loss: mean, std and tests are over the other seeds)
 
   @property
   def values(self) -> list[float]:
@@ -288,26 +294,54 @@ class Group:
 
   @property
   def mean(self) -> float:
-    return float(np.mean(self.values))
+    return float(np.mean(self.values)) if self.values else math.nan
 
   @property
   def std(self) -> float:
     return float(np.std(self.values, ddof=1)) if len(self.values) > 1 else math.nan
 
+  def diverged_text(self) -> str:
+    """'seed 3 diverged at step 234' (several joined), '' if none did."""
+    return '; '.join(f'seed {s} diverged at step {self.diverged[s]}'
+                     for s in sorted(self.diverged))
+
   def text(self) -> str:
-    return f'{self.mean:.4f} ± {self.std:.4f}'
+    if not self.losses:
+      return f'every seed diverged ({self.diverged_text()})' if self.diverged else 'no seed'
+    note = (f' over {len(self.losses)} of {len(self.losses) + len(self.diverged)} seeds '
+            f'({self.diverged_text()})' if self.diverged else '')
+    return f'{self.mean:.4f} ± {self.std:.4f}{note}'
 
   def per_seed(self) -> str:
-    return ', '.join(f'{self.losses[s]:.4f}' for s in sorted(self.losses))
+    return ', '.join(f'{self.losses[s]:.4f}' if s in self.losses
+                     else f'diverged at step {self.diverged[s]}'
+                     for s in sorted({*self.losses, *self.diverged}))
+
+
+def _diverged_at(out: str, name: str, seed: int) -> int | None:
+  """The step a final's run diverged at, None if it did not (or is not there)."""
+  d = os.path.join(out, 'final', name, f'seed{seed}')
+  if not os.path.isdir(d):
+    return None
+  run = runs_lib.read_run(d)
+  if run.status != 'diverged':
+    return None
+  return int((run.diverged or {}).get('step', run.last.get('step', 0)))
 
 
 def groups(out: str, finals: Sequence[Final], budget: Budget) -> dict[str, Group]:
+  """Per final with a seed scored or diverged: its `Group`."""
   result = {}
   for f in finals:
-    losses, windows, docs, done = {}, {}, None, []
+    losses, windows, docs, done, diverged = {}, {}, None, [], {}
     for seed in f.seeds_of(budget):
       found = _final(out, f.name, seed, budget)
-      if not found or found[1] is None:
+      if not found:
+        step = _diverged_at(out, f.name, seed)
+        if step is not None:
+          diverged[seed] = step
+        continue
+      if found[1] is None:
         continue
       run, scored = found
       losses[seed] = float(scored['loss'])
@@ -315,6 +349,8 @@ def groups(out: str, finals: Sequence[Final], budget: Budget) -> dict[str, Group
       docs = np.asarray(scored['window_docs']).ravel()
       done.append(run)
     if not done:
+      if diverged:
+        result[f.name] = Group(f.name, {}, {}, None, 0.0, 0.0, 0.0, [], {}, diverged)
       continue
     mean = lambda key: float(np.mean([r.last.get(key) or 0.0 for r in done]))  # noqa: E731
     curves = [[(r['tokens'], r['eval_loss']) for r in run.metrics if 'eval_loss' in r]
@@ -323,7 +359,7 @@ def groups(out: str, finals: Sequence[Final], budget: Budget) -> dict[str, Group
                               for r in done])
     result[f.name] = Group(f.name, losses, windows, docs, mean('bytes_sent'),
                            mean('bytes_received'), mean('peak_bytes'), curves,
-                           {k: mean(k) for k in sorted(keys)})
+                           {k: mean(k) for k in sorted(keys)}, diverged)
   return result
 
 
@@ -335,6 +371,9 @@ class Comparison:
   eval_se: float | None       # the eval windows' own SE of the mean difference,
                               # clustered by document (held-out text, not seeds)
   margin: float
+  diverged_a: tuple[int, ...] = ()  # seeds where a diverged and b finished
+  diverged_b: tuple[int, ...] = ()  # seeds where b diverged and a finished
+  diverged_note: str = ''           # those seeds in words, with the finals' names
 
   @property
   def ci(self) -> tuple[float, float] | None:
@@ -342,20 +381,25 @@ class Comparison:
     return test.ci if test else None
 
   def verdict(self) -> str:
-    """Whether a - b < margin: from the paired test's 95% CI (Welch without pairs)."""
+    """Whether a - b < margin: from the paired test's 95% CI (Welch without pairs).
+    Where a diverged at a seed that b finished, a - b is not below any margin at that
+    seed: 'not reproduced', whatever the other seeds say."""
+    if self.diverged_a:
+      return 'not reproduced'
     return 'inconclusive' if self.ci is None else stats.verdict(self.ci, claim='less')
 
   def text(self) -> str:
     test = self.paired or self.welch
     if test is None:
-      return 'fewer than 2 seeds'
+      return 'fewer than 2 seeds' + self.diverged_note
     extra = f'; Welch p = {self.welch.p:.3f}' if self.paired and self.welch else ''
     se = f'; eval SE {self.eval_se:.4f}' if self.eval_se is not None else ''
-    return f'{test.describe()}{extra}{se}'
+    return f'{test.describe()}{extra}{self.diverged_note}{se}'
 
 
 def compare(a: Group, b: Group, margin: float = 0.0) -> Comparison:
-  """a - b - margin (nats): paired by seed over the seeds both finished, Welch over all."""
+  """a - b - margin (nats): paired by seed over the seeds both finished, Welch over all
+  they finished; the seeds where one diverged and the other finished are kept apart."""
   shared = sorted(set(a.losses) & set(b.losses))
   shift = lambda xs: [x - margin for x in xs]  # noqa: E731
   paired = (stats.paired_t(shift([a.losses[s] for s in shared]),
@@ -368,7 +412,12 @@ def compare(a: Group, b: Group, margin: float = 0.0) -> Comparison:
     wb = np.mean([b.windows[s] for s in shared], axis=0)
     if len(np.unique(a.docs)) >= 2:
       eval_se = stats.paired_clustered(wa, wb, a.docs)[1]
-  return Comparison(paired, welch, eval_se, margin)
+  only_a = tuple(sorted(set(a.diverged) & set(b.losses)))
+  only_b = tuple(sorted(set(b.diverged) & set(a.losses)))
+  note = ''.join(f'; {x.name} diverged at seed {", ".join(map(str, seeds))}, '
+                 f'{y.name} did not' for x, y, seeds in ((a, b, only_a), (b, a, only_b))
+                 if seeds)
+  return Comparison(paired, welch, eval_se, margin, only_a, only_b, note)
 
 
 def seconds_to(curves: Sequence[Sequence[tuple[float, float]]], target: float
@@ -430,14 +479,36 @@ def programs(folder: str) -> list[tuple[float, float]]:
   return list(found.values())
 
 
+def in_flight(folder: str) -> float:
+  """Wall seconds during which some finished run under `folder` was training: the union
+  of their [start, end] (status.json), pauses and other work on the machine included.
+  Read from the runs, it spans every invocation that trained them."""
+  spans = []
+  for path in glob.glob(os.path.join(folder, '**', 'status.json'), recursive=True):
+    s = runs_lib.read_json_object(path) or {}
+    try:
+      start, end = (datetime.datetime.fromisoformat(s[k]).timestamp()
+                    for k in ('start', 'end'))
+    except (KeyError, TypeError, ValueError):
+      continue
+    if s.get('state') == 'finished' and end >= start:
+      spans.append((start, end))
+  total, reach = 0.0, -math.inf
+  for start, end in sorted(spans):
+    total += max(0.0, end - max(start, reach))
+    reach = max(reach, end)
+  return total
+
+
 def cost(out: str) -> dict[str, float]:
-  """What OUT's finished runs cost: their units, and the median seconds per unit over
-  the programs (robust to a program slowed by a pause or by other work beside it)."""
+  """What OUT's finished runs cost: their units, the median seconds per unit over the
+  programs (robust to a program slowed by a pause or by other work beside it), and the
+  wall seconds they were in flight (`in_flight`)."""
   tune, final = programs(os.path.join(out, 'tune')), programs(os.path.join(out, 'final'))
   every = [(u, secs) for u, secs in tune + final if u > 0]
   per_unit = float(np.median([secs / u for u, secs in every])) if every else math.nan
   return dict(programs=len(every), per_unit=per_unit, tuning=sum(u for u, _ in tune),
-              finals=sum(u for u, _ in final))
+              finals=sum(u for u, _ in final), in_flight=in_flight(out))
 
 
 @contextlib.contextmanager

@@ -169,6 +169,58 @@ def test_claim_11_tests_diminishing_returns_per_seed():
   assert claims.judge({**g, **d}, claims.CLAIMS[10].tests({})).word == 'not reproduced'
 
 
+def test_a_diverged_final_ends_the_page_and_is_named_on_it():
+  scale = claims.SCALES['quick']
+  planned = {f.name: f.seeds_of(scale.budget) for f in claims.finals(scale)}
+  total = sum(len(s) for s in planned.values())
+  g = {n: study.Group(n, {s: 2.0 for s in seeds}, {}, None, 0.0, 0.0, 0.0, [])
+       for n, seeds in planned.items()}
+  assert claims._progress(scale, g) == []
+  last = planned['diloco_r1'][-1]
+  del g['diloco_r1'].losses[last]
+  assert 'In progress:** ' + f'{total - 1} of {total}' in ''.join(claims._progress(scale, g))
+  g['diloco_r1'].diverged[last] = 234
+  lines = ''.join(claims._progress(scale, g))
+  assert 'In progress' not in lines
+  assert f'**Diverged:** 1 of {total} final runs (diloco_r1: seed {last} diverged at step 234)' \
+      in lines
+  # A claim whose method diverged where its baseline finished is refuted; claim 11's
+  # gains lose the seed where either replica count diverged.
+  g['diloco_r16'].diverged[last] = 50
+  del g['diloco_r16'].losses[last]
+  d = claims.derived_groups(g)
+  assert d['gain_8_to_16'].diverged == {last: 50} and last not in d['gain_8_to_16'].losses
+  t = claims.Test('diloco_r16', 'diloco_nesterov')
+  assert claims.judge(g, [t]).word == 'not reproduced'
+  assert claims._refuted_p(study.compare(g['diloco_r16'], g['diloco_nesterov'])) == 0.0
+
+
+def test_the_topology_slopes_fit_the_fixed_graphs_against_chi1():
+  """Gaps and consensus distances made to grow like chi1 ** k come back with slope k;
+  the per-round random graph (matching, whose chi1 is the complete graph's) is left out."""
+  scale = claims.SCALES['quick']
+  chis = claims.chi1_of()
+  assert claims.fixed_graphs() == ['ring', 'torus', 'exponential']
+  assert chis['matching'] == pytest.approx(chis['complete'])
+  h = scale.h_table[0]
+
+  def cell(t, loss, spread):
+    return study.Group(t, {1: loss}, {}, None, 0.0, 0.0, 0.0, [],
+                       {'worker_spread': spread, 'eval_loss_workers': loss})
+  table = {(t, h): cell(t, 2.0 + 0.01 * chis[t] ** 0.5, 1e-3 * chis[t] ** 2)
+           for t in ('ring', 'torus', 'exponential')}
+  table[('complete', h)] = cell('complete', 2.0, 0.0)
+  table[('matching', h)] = cell('matching', 9.0, 1.0)     # would wreck any fit it joined
+  text = '\n'.join(claims.topology_text(table, scale))
+  assert f'- H = {h}: gap to the complete graph ring +0.0185' in text
+  assert 'slope of the gap: 0.50; slope of the consensus distance: 2.00.' in text
+  assert 'matching draws its graph per round' in text
+  table[('ring', h)] = cell('ring', 1.9, 1e-3 * chis['ring'] ** 2)      # one gap > 0 left
+  table[('torus', h)] = cell('torus', 1.9, 1e-3 * chis['torus'] ** 2)
+  assert 'fewer than 2 graphs with a positive gap' in '\n'.join(
+      claims.topology_text(table, scale))
+
+
 def test_the_40_round_verdicts_are_read_from_that_page(in_repo):
   before = claims.previous_verdicts(claims.PREVIOUS_PAGE)
   assert sorted(before) == list(range(1, 10))

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from launch import scaling
+from loco import study
 
 
 def test_the_published_fits_give_the_gaps_quoted_in_references():
@@ -55,10 +56,8 @@ def test_every_run_of_the_probe_and_the_study_loads(preset):
   assert {c.num_workers * c.batch_per_worker for c in configs} == {batch}
 
 
-class _Group:
-  def __init__(self, losses):
-    self.losses = losses
-    self.mean = float(np.mean(list(losses.values())))
+def _Group(losses, diverged=None):
+  return study.Group('g', losses, {}, None, 0.0, 0.0, 0.0, [], {}, diverged or {})
 
 
 def test_points_are_paired_relative_gaps_with_cis(tmp_path):
@@ -66,12 +65,17 @@ def test_points_are_paired_relative_gaps_with_cis(tmp_path):
               batch=32, seq_len=64)
   groups = {'ddp': _Group({1: 2.0, 2: 2.1, 3: 1.9}),
             'diloco_m8': _Group({1: 2.1, 2: 2.2, 3: 2.0}),
-            'diloco_m1': _Group({1: 2.0, 2: 2.1})}
+            'diloco_m1': _Group({1: 2.0, 2: 2.1}, {3: 77})}
   p = scaling.points(str(tmp_path), plan, groups)
   m8 = p['workers']['8']
   np.testing.assert_allclose(list(m8['gaps'].values()), [0.05, 0.1 / 2.1, 0.1 / 1.9])
   assert m8['gap_ci'][0] < m8['gap_mean'] < m8['gap_ci'][1]
   assert p['workers']['1']['gap_mean'] == 0.0 and '2' not in p['workers']
+  assert p['workers']['1']['diverged'] == {'3': 77} and m8['diverged'] == {}
+  plan.update(seeds=(1, 2, 3))
+  page = scaling.write_page(str(tmp_path), plan, json.loads(json.dumps(p)), {}, 60.0)
+  with open(page) as f:
+    assert '+0.00%, +0.00%, seed 3 diverged at step 77 |' in f.read()
   assert 'not all of M = 1, 2, 4, 8' in scaling.ordering(p)
   groups.update(diloco_m2=_Group({1: 2.02, 2: 2.12, 3: 1.92}),
                 diloco_m4=_Group({1: 2.01, 2: 2.11, 3: 1.91}))

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from loco import evaluate
 from loco import study
 from loco.errors import LocoError
 
@@ -186,6 +187,52 @@ def test_compare_clusters_the_eval_se_by_document():
   assert study.compare(a, b).eval_se == pytest.approx(expected)
 
 
+def test_a_diverged_seed_is_named_and_counts_against_the_method_that_diverged():
+  a = study.Group('a', {1: 2.00, 2: 2.01}, {}, None, 0.0, 0.0, 0.0, [], {}, {3: 234})
+  b = _group('b', [2.10, 2.11, 2.12])
+  assert a.mean == pytest.approx(2.005)                 # over the seeds that finished
+  assert a.per_seed() == '2.0000, 2.0100, diverged at step 234'
+  assert a.text().endswith('over 2 of 3 seeds (seed 3 diverged at step 234)')
+  # a beats b at both seeds it finished, but diverged where b did not: not a win.
+  c = study.compare(a, b)
+  assert c.paired.df == 1 and c.diverged_a == (3,) and c.diverged_b == ()
+  assert c.verdict() == 'not reproduced'
+  assert 'a diverged at seed 3, b did not' in c.text()
+  # The other way round the finished seeds decide, and the text says b diverged.
+  c = study.compare(b, a, margin=-0.05)
+  assert c.diverged_b == (3,) and c.verdict() == 'not reproduced'    # b - a > -0.05
+  assert study.compare(b, a, margin=0.2).verdict() == 'reproduced'
+  assert 'a diverged at seed 3, b did not' in c.text()
+  # Where both diverged, that seed is simply absent from the test.
+  both = study.Group('b', {1: 2.1, 2: 2.11}, {}, None, 0.0, 0.0, 0.0, [], {}, {3: 9})
+  assert study.compare(a, both).diverged_a == () and study.compare(a, both).verdict() \
+      == 'reproduced'
+  every = study.Group('x', {}, {}, None, 0.0, 0.0, 0.0, [], {}, {1: 5, 2: 6})
+  assert math.isnan(every.mean) and every.text().startswith('every seed diverged')
+
+
+def test_groups_read_a_diverged_final_as_a_result(tmp_path):
+  out = str(tmp_path)
+  f = study.Final('a', 'a')
+  for seed in (1, 2):
+    d = os.path.join(out, 'final', 'a', f'seed{seed}')
+    _fake_run(d, BUDGET.steps, 2.0 + seed / 100)
+    path = evaluate.result_path(d, BUDGET.final_split, BUDGET.score_batches, 16)
+    os.makedirs(os.path.dirname(path))
+    with open(path, 'w') as fh:
+      json.dump({'step': BUDGET.steps, 'loss': 2.0 + seed / 100,
+                 'window_losses': [2.0, 2.1], 'window_docs': [0, 1]}, fh)
+  _fake_run(os.path.join(out, 'final', 'a', 'seed3'), 17, float('nan'), 'failed',
+            diverged=True)
+  g = study.groups(out, [f], BUDGET)['a']
+  assert g.losses == {1: pytest.approx(2.01), 2: pytest.approx(2.02)}
+  assert g.diverged == {3: 17}
+  # Every seed diverged: the final is still there, as diverged, not "not run".
+  _fake_run(os.path.join(out, 'final', 'b', 'seed1'), 9, float('nan'), 'failed', True)
+  g = study.groups(out, [study.Final('b', 'b', seeds=(1,))], BUDGET)
+  assert g['b'].losses == {} and g['b'].diverged == {1: 9}
+
+
 def test_time_to_target_per_seed():
   curves = [[(0.0, 3.0), (10.0, 2.0)], [(0.0, 3.0), (10.0, 2.6)]]
   assert study.seconds_to(curves, 2.5) == [pytest.approx(5.0), None]
@@ -206,6 +253,22 @@ def test_the_clock_counts_an_interrupted_invocation(tmp_path):
   with study.clocked(clock, on=False):        # --page_only: the clock does not move
     time.sleep(0.02)
   assert study.read_seconds(clock, 0.0) == total
+
+
+def test_in_flight_is_the_union_of_the_finished_runs_spans(tmp_path):
+  def status(name, start, end, state='finished'):
+    d = tmp_path / 'final' / name
+    d.mkdir(parents=True)
+    (d / 'status.json').write_text(json.dumps(dict(
+        name=name, state=state, start=f'2026-11-25T10:{start}', end=f'2026-11-25T10:{end}')))
+  status('a', '00:00', '00:40')       # a and b overlap: 10:00-10:50 counts once
+  status('b', '00:30', '00:50')
+  status('c', '01:10', '01:20')       # a gap of 20 s (a later invocation): not counted
+  status('d', '00:00', '01:20', 'failed')           # not finished: not counted
+  (tmp_path / 'final' / 'e').mkdir()
+  (tmp_path / 'final' / 'e' / 'status.json').write_text('{"state": "finished"}')
+  assert study.in_flight(str(tmp_path)) == pytest.approx(60.0)
+  assert study.cost(str(tmp_path))['in_flight'] == pytest.approx(60.0)
 
 
 def test_cost_counts_each_batch_once_and_takes_the_median_per_unit(tmp_path):
