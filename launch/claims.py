@@ -10,7 +10,9 @@ with their margins, sources and regimes, the figures and the page. The protocol 
 its own knob (three values) at the best inner lr, five settings each, and an edge pick is
 extended once; each setting trains once (seed 0) at the final length and is scored on
 `validation[:50%]` by the in-loop eval, whose windows cover the split. The picks train
-at seeds 1-3 (one seed = one init and data order for every method) and each final model
+at seeds 1-3 (one seed = one init and data order for every method); where a claim's
+paired mean difference over those is under 1% perplexity, both of its finals train two
+more seeds (4 and 5) and the test uses all five (`small_effects`). Each final model
 is scored by `loco.evaluate` on 512 x 16 windows of `validation[50%:]`, each window with
 its document. A claim compares finals paired by seed (t with n - 1 degrees of freedom;
 Welch beside it) against a margin in nats stated with its source: "reproduced" if the
@@ -40,11 +42,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import os
 import re
 import sys
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -136,6 +139,8 @@ REPLICAS = (1, 2, 4, 16)                         # beside 8 (claim 11)
 DENSITIES = {4096: 100, 1024: 25, 256: 6.25, 128: 3.125, 64: 1.5625, 32: 0.78125}
 STREAMING_GRID = ((5, 0.5), (1, 1.0), (5, 1.0))  # (tau, alpha) beside (1, 0.5)
 TOPOLOGIES = ('ring', 'torus', 'exponential', 'matching', 'complete')
+# A claim's effect under 1% perplexity at the first seeds gets this many more seeds.
+SMALL_EFFECT, MORE_SEEDS = math.log(1.01), 2
 
 
 def methods(scale: Scale) -> list[Method]:
@@ -190,7 +195,40 @@ def _pct(x: float) -> str:
   return f'{x:g}'.replace('.', 'p')
 
 
-def finals(scale: Scale = SCALES['full']) -> list[Final]:
+def finals(scale: Scale = SCALES['full'], more: Collection[str] = ()) -> list[Final]:
+  """Every final of the page; those named in `more` train `MORE_SEEDS` more seeds."""
+  extended = extra_seeds(scale)
+  return [dataclasses.replace(f, seeds=f.seeds_of(scale.budget) + extended)
+          if f.name in more else f for f in _finals(scale)]
+
+
+def extra_seeds(scale: Scale) -> tuple[int, ...]:
+  last = max(scale.budget.seeds)
+  return tuple(range(last + 1, last + 1 + MORE_SEEDS))
+
+
+def small_effects(scale: Scale, g: Mapping[str, Group], picks: Mapping[str, Any]
+                  ) -> list[str]:
+  """The finals of every claim test whose paired mean difference over the scale's first
+  seeds is under 1% perplexity (`SMALL_EFFECT` nats): they train `MORE_SEEDS` more.
+  Only the first seeds decide, so the answer does not move once the extra ones exist."""
+  names = {f.name for f in _finals(scale)}
+  first = set(scale.budget.seeds)
+  found = set()
+  for claim in CLAIMS:
+    if claim.x == 'sim_seconds':
+      continue
+    for t in claim.tests(picks):
+      if t.a not in names or t.b not in names or t.a not in g or t.b not in g:
+        continue
+      shared = sorted(set(g[t.a].losses) & set(g[t.b].losses) & first)
+      if len(shared) >= 2 and abs(np.mean([g[t.a].losses[s] - g[t.b].losses[s]
+                                           for s in shared])) < SMALL_EFFECT:
+        found |= {t.a, t.b}
+  return sorted(found)
+
+
+def _finals(scale: Scale) -> list[Final]:
   series, single = scale.series_seeds, scale.single_seed
   dn = 'diloco_nesterov'
   warm = {'init_from': os.path.join('{out}', 'final', 'ddp', 'seed{seed}', 'checkpoints',
@@ -844,20 +882,27 @@ def previous_verdicts(path: str) -> dict[int, str]:
   return {int(n): word for n, word in found}
 
 
-def _progress(scale: Scale, g: Mapping[str, Group]) -> list[str]:
+def _progress(scale: Scale, g: Mapping[str, Group], more: Collection[str] = ()
+              ) -> list[str]:
   """A line saying the page is partial, while some final runs have not ended (finished
-  and scored, or diverged), and one naming the finals that diverged."""
-  planned = {f.name: len(f.seeds_of(scale.budget)) for f in finals(scale)}
-  done = sum(len(g[n].losses) for n in planned if n in g)
+  and scored, or diverged), one naming the finals with more seeds, and one naming the
+  finals that diverged."""
+  planned = {f.name: set(f.seeds_of(scale.budget)) for f in finals(scale, more)}
   diverged = [(n, g[n]) for n in planned if n in g and g[n].diverged]
-  ended = done + sum(len(x.diverged) for _, x in diverged)
+  ended = sum(len(planned[n] & ({*g[n].losses} | {*g[n].diverged})) for n in planned if n in g)
   lines = []
-  if ended < sum(planned.values()):
-    lines += ['', f'**In progress:** {ended} of {sum(planned.values())} final runs have '
+  if more:
+    seeds = ', '.join(map(str, extra_seeds(scale)))
+    lines += ['', f'**More seeds:** {", ".join(more)} also train seeds {seeds}: a claim\'s '
+              'paired mean difference between them was under 1% perplexity over the first '
+              f'{len(scale.budget.seeds)} seeds.']
+  total = sum(len(x) for x in planned.values())
+  if ended < total:
+    lines += ['', f'**In progress:** {ended} of {total} final runs have '
               'ended; what is missing shows "not run", and the same command finishes it.']
   if diverged:
     lines += ['', f'**Diverged:** {sum(len(x.diverged) for _, x in diverged)} of '
-              f'{sum(planned.values())} final runs ('
+              f'{total} final runs ('
               + '; '.join(f'{n}: {x.diverged_text()}' for n, x in diverged)
               + '). A diverged seed has no loss: its final\'s mean, std and tests are over '
               'the other seeds, and a comparison whose first final diverged where the '
@@ -887,6 +932,7 @@ def write_page(out: str, scale: Scale, page: str, figures: str,
                picks: Mapping[str, Any], g: Mapping[str, Group],
                scaling_dirs: Sequence[str] = ()) -> str:
   t9 = times_to_target(out, scale, g)
+  more = small_effects(scale, g, picks)
   g = {**g, **derived_groups(g)}
   os.makedirs(figures, exist_ok=True)
   rel = os.path.relpath(figures, os.path.dirname(page) or '.')
@@ -954,7 +1000,7 @@ def write_page(out: str, scale: Scale, page: str, figures: str,
       f'Regenerate: `{command}` (re-running skips finished runs and rewrites this page). '
       f'{_cost_text(out)} The scaling overlay: `python -m launch.scaling '
       '--preset=micro --out=runs/scaling_micro`.',
-      *_progress(scale, g),
+      *_progress(scale, g, more),
       '',
       __doc__.split('\n\n', 2)[2].strip(),
       '',
@@ -1036,10 +1082,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   def body() -> int:
     cli.check_output_dir(args.out)
-    picks, g = study.run_all(args.out, methods(scale), finals(scale), scale.budget,
-                             args.parallel, retimes={'slow_links': SLOW_LINKS},
-                             train=not args.page_only, batch_runs=args.batch_runs,
-                             retimed=CLAIMS[8].finals)
+    run = functools.partial(study.run_all, args.out, methods(scale),
+                            budget=scale.budget, parallel=args.parallel,
+                            retimes={'slow_links': SLOW_LINKS}, train=not args.page_only,
+                            batch_runs=args.batch_runs, retimed=CLAIMS[8].finals)
+    picks, g = run(finals(scale))
+    more = small_effects(scale, g, picks)
+    if more:      # a claim's effect under 1%: its finals train two more seeds
+      picks, g = run(finals(scale, more))
     print(f'claims page: {write_page(args.out, scale, page, figures, picks, g, args.scaling)}')
     return 0
 

@@ -195,6 +195,32 @@ def test_a_diverged_final_ends_the_page_and_is_named_on_it():
   assert claims._refuted_p(study.compare(g['diloco_r16'], g['diloco_nesterov'])) == 0.0
 
 
+def test_an_effect_under_1_percent_gets_two_more_seeds():
+  scale = claims.SCALES['quick']
+  first = scale.budget.seeds
+  picks = {m: dict(loss=2.0) for m in ('gasloc', 'gasloc_pp', 'gasloc_h1')}
+  # Every final 0.05 nats from the next; E3M0 DiLoCo 0.5% from DiLoCo.
+  g = {f.name: study.Group(f.name, {s: 2.0 + 0.05 * i + 0.001 * s for s in first}, {},
+                           None, 0.0, 0.0, 0.0, [])
+       for i, f in enumerate(claims.finals(scale))}
+  g['diloco_e3m0'].losses.update({s: g['diloco_nesterov'].losses[s] + 0.005 for s in first})
+  more = claims.small_effects(scale, g, picks)
+  assert more == ['diloco_e3m0', 'diloco_nesterov']
+  extra = claims.extra_seeds(scale)
+  assert extra == (max(first) + 1, max(first) + 2)
+  seeds = {f.name: f.seeds_of(scale.budget) for f in claims.finals(scale, more)}
+  assert seeds['diloco_e3m0'] == seeds['diloco_nesterov'] == first + extra
+  assert seeds['streaming'] == first
+  lines = ''.join(claims._progress(scale, g, more))
+  assert '**More seeds:** diloco_e3m0, diloco_nesterov also train seeds' in lines
+  assert '**In progress:**' in lines                      # the extra seeds are not run
+  # The extra seeds move the means but not the choice, which reads the first seeds only.
+  g['diloco_e3m0'].losses.update({s: 9.0 for s in extra})
+  g['diloco_nesterov'].losses.update({s: 2.0 for s in extra})
+  assert claims.small_effects(scale, g, picks) == more
+  assert '**In progress:**' not in ''.join(claims._progress(scale, g, more))
+
+
 def test_the_topology_slopes_fit_the_fixed_graphs_against_chi1():
   """Gaps and consensus distances made to grow like chi1 ** k come back with slope k;
   the per-round random graph (matching, whose chi1 is the complete graph's) is left out."""
