@@ -26,8 +26,8 @@ Scale (`SCALES`): the micro model (experiments/micro.py, 0.43M weights), 8 worke
 sequences x 64 tokens per step, 1,050 steps = 2.15M tokens = 5 tokens per weight = 70
 rounds of H = 15 from scratch (claims at one step per communication: 300 steps): about 2.2
 hours on 2 cores with every claim, figure and table below (189 units of one 1,050-step M =
-8 run, at a median 40 s each three at a time: `python scripts/study_cost.py runs/claims70
---planned`). `--long` doubles the finals (2,100 steps = 140 rounds = 10 tokens per weight;
+8 run before the extra seeds of small effects, at a median 40 s each three at a time:
+`python scripts/study_cost.py runs/claims70 --planned`). `--long` doubles the finals (2,100 steps = 140 rounds = 10 tokens per weight;
 the same tuning runs, now half length): about 3.5 hours. Each claim's regime card sets the
 paper's regime beside this one. The figures' series (H, M, Streaming's tau x alpha and P)
 train at seeds 1-2, the density ladder and the topology x H table at seed 1. Runs are
@@ -860,7 +860,7 @@ WHY = {
     2: '{rounds} rounds let momentum 0.9 build up (the 40-round page used 0.5); three momenta.',
     3: 'Dropout at 10 / 30 / 50% as the paper\'s figure, keep_local only.',
     4: '{rounds} rounds; the tau x alpha and P figure beside the claim.',
-    5: 'E3M0 for Streaming too, the paper\'s setting.',
+    5: 'E3M0 for Streaming too, the paper\'s setting; 5 seeds where an effect is under 1% at 3.',
     6: 'The paper\'s H; {rounds} rounds (the paper: 163) at {tpw} tokens per weight (20); '
        'the density ladder beside it.',
     7: 'GASLoC with one random neighbour per round (the paper\'s sparse randomized peer '
