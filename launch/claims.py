@@ -27,8 +27,9 @@ sequences x 64 tokens per step, 1,050 steps = 2.15M tokens = 5 tokens per weight
 rounds of H = 15 from scratch (claims at one step per communication: 300 steps): about 2.2
 hours on 2 cores with every claim, figure and table below (189 units of one 1,050-step M =
 8 run before the extra seeds of small effects, at a median 40 s each three at a time:
-`python scripts/study_cost.py runs/claims70 --planned`). `--long` doubles the finals (2,100 steps = 140 rounds = 10 tokens per weight;
-the same tuning runs, now half length): about 3.5 hours. Each claim's regime card sets the
+`python scripts/study_cost.py runs/claims70 --planned`). `--long` doubles the finals
+(2,100 steps = 140 rounds = 10 tokens per weight; the same tuning runs, now half
+length): about 3.5 hours. Each claim's regime card sets the
 paper's regime beside this one. The figures' series (H, M, Streaming's tau x alpha and P)
 train at seeds 1-2, the density ladder and the topology x H table at seed 1. Runs are
 `loco.sweep` runs under OUT/tune and OUT/final, those that differ only in seed or lr three
