@@ -248,17 +248,20 @@ def final_runs(methods: Sequence[Method], finals: Sequence[Final], budget: Budge
           for f in finals for seed in f.seeds_of(budget)]
 
 
+def _final_run(out: str, name: str, seed: int) -> runs_lib.Run | None:
+  """A final's run as its files tell it, None if it is not there."""
+  d = os.path.join(out, 'final', name, f'seed{seed}')
+  return runs_lib.read_run(d) if os.path.isdir(d) else None
+
+
 def _final(out: str, name: str, seed: int, budget: Budget):
   """(the final's run, its loco.evaluate result if that scored its last step), or None
   if the run is not there or not finished."""
-  d = os.path.join(out, 'final', name, f'seed{seed}')
-  if not os.path.isdir(d):
-    return None
-  run = runs_lib.read_run(d)
-  if run.status != 'finished':
+  run = _final_run(out, name, seed)
+  if run is None or run.status != 'finished':
     return None
   scored = runs_lib.read_json_object(
-      evaluate.result_path(d, budget.final_split, budget.score_batches, 16))
+      evaluate.result_path(run.path, budget.final_split, budget.score_batches, 16))
   return run, (scored if (scored or {}).get('step') == run.last.get('step') else None)
 
 
@@ -320,11 +323,8 @@ class Group:
 
 def _diverged_at(out: str, name: str, seed: int) -> int | None:
   """The step a final's run diverged at, None if it did not (or is not there)."""
-  d = os.path.join(out, 'final', name, f'seed{seed}')
-  if not os.path.isdir(d):
-    return None
-  run = runs_lib.read_run(d)
-  if run.status != 'diverged':
+  run = _final_run(out, name, seed)
+  if run is None or run.status != 'diverged':
     return None
   return int((run.diverged or {}).get('step', run.last.get('step', 0)))
 
