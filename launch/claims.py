@@ -924,9 +924,8 @@ def _cost_text(out: str) -> str:
 
 
 def _seconds_text(name: str, x: Group) -> str:
-  if len(x.values) == 1:
-    return f'{name}: {x.mean:.1f} s (1 seed)'
-  return f'{name}: {x.mean:.1f} ± {x.std:.1f} s'
+  spread = f' ± {x.std:.1f}' if len(x.values) > 1 else ''
+  return f'{name}: {x.mean:.1f}{spread} s' + (' (1 seed)' if len(x.values) == 1 else '')
 
 
 def write_page(out: str, scale: Scale, page: str, figures: str,

@@ -313,7 +313,9 @@ class Group:
       return f'every seed diverged ({self.diverged_text()})' if self.diverged else 'no seed'
     note = (f' over {len(self.losses)} of {len(self.losses) + len(self.diverged)} seeds '
             f'({self.diverged_text()})' if self.diverged else '')
-    return f'{self.mean:.4f} ± {self.std:.4f}{note}'
+    spread = (f' ± {self.std:.4f}' if len(self.losses) > 1 else
+              '' if self.diverged else ' (1 seed)')
+    return f'{self.mean:.4f}{spread}{note}'
 
   def per_seed(self) -> str:
     return ', '.join(f'{self.losses[s]:.4f}' if s in self.losses

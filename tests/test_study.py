@@ -207,6 +207,9 @@ def test_a_diverged_seed_is_named_and_counts_against_the_method_that_diverged():
   both = study.Group('b', {1: 2.1, 2: 2.11}, {}, None, 0.0, 0.0, 0.0, [], {}, {3: 9})
   assert study.compare(a, both).diverged_a == () and study.compare(a, both).verdict() \
       == 'reproduced'
+  one = study.Group('x', {2: 2.5}, {}, None, 0.0, 0.0, 0.0, [], {}, {1: 5})
+  assert one.text() == '2.5000 over 1 of 2 seeds (seed 1 diverged at step 5)'
+  assert _group('b', [2.5]).text() == '2.5000 (1 seed)'
   every = study.Group('x', {}, {}, None, 0.0, 0.0, 0.0, [], {}, {1: 5, 2: 6})
   assert math.isnan(every.mean) and every.text().startswith('every seed diverged')
 
