@@ -29,14 +29,13 @@ hours on 2 cores with every claim, figure and table below (189 units of one 1,05
 8 run before the extra seeds of small effects, at a median 40 s each three at a time:
 `python scripts/study_cost.py runs/claims70 --planned`). `--long` doubles the finals
 (2,100 steps = 140 rounds = 10 tokens per weight; the same tuning runs, now half
-length): about 3.5 hours. Each claim's regime card sets the
-paper's regime beside this one. The figures' series (H, M, Streaming's tau x alpha and P)
-train at seeds 1-2, the density ladder and the topology x H table at seed 1. Runs are
-`loco.sweep` runs under OUT/tune and OUT/final, those that differ only in seed or lr three
-at a time in one program (`--batch_runs`): the same command resumes after an interruption
-and skips what is finished; the page is rewritten from the runs each time. `--quick` is
-the same pipeline with 36-step runs (a pipeline check, not evidence); it writes
-OUT/claims.md.
+length): about 3.5 hours. Each claim's regime card sets the paper's regime beside this
+one. The figures' series (H, M, Streaming's tau x alpha and P) train at seeds 1-2, the
+density ladder and the topology x H table at seed 1. Runs are `loco.sweep` runs under
+OUT/tune and OUT/final, those that differ only in seed or lr three at a time in one
+program (`--batch_runs`): the same command resumes after an interruption and skips what
+is finished; the page is rewritten from the runs each time. `--quick` is the same
+pipeline with 36-step runs (a pipeline check, not evidence); it writes OUT/claims.md.
 """
 
 from __future__ import annotations
@@ -923,11 +922,6 @@ def _cost_text(out: str) -> str:
           f'cores = {units * c["per_unit"] / 3600:.1f} h, scoring apart{clock}.')
 
 
-def _seconds_text(name: str, x: Group) -> str:
-  spread = f' ± {x.std:.1f}' if len(x.values) > 1 else ''
-  return f'{name}: {x.mean:.1f}{spread} s' + (' (1 seed)' if len(x.values) == 1 else '')
-
-
 def write_page(out: str, scale: Scale, page: str, figures: str,
                picks: Mapping[str, Any], g: Mapping[str, Group],
                scaling_dirs: Sequence[str] = ()) -> str:
@@ -948,7 +942,7 @@ def write_page(out: str, scale: Scale, page: str, figures: str,
       v = judge(groups, claim.tests(picks))
       word = v.word
       measured = '; '.join(
-          _seconds_text(n, groups[n]) if claim.x == 'sim_seconds'
+          f'{n}: {groups[n].text(1, " s")}' if claim.x == 'sim_seconds'
           else f'{n}: {groups[n].text()}' for n in claim.finals if n in groups)
     except KeyError as e:
       v, word, measured = None, 'not run', f'missing finals: {e.args[0]}'

@@ -308,14 +308,16 @@ class Group:
     return '; '.join(f'seed {s} diverged at step {self.diverged[s]}'
                      for s in sorted(self.diverged))
 
-  def text(self) -> str:
+  def text(self, digits: int = 4, unit: str = '') -> str:
+    """'mean ± std' (or '(1 seed)') with the seeds that diverged; `unit` after the
+    numbers (' s' for seconds)."""
     if not self.losses:
       return f'every seed diverged ({self.diverged_text()})' if self.diverged else 'no seed'
     note = (f' over {len(self.losses)} of {len(self.losses) + len(self.diverged)} seeds '
             f'({self.diverged_text()})' if self.diverged else '')
-    spread = (f' ± {self.std:.4f}' if len(self.losses) > 1 else
-              '' if self.diverged else ' (1 seed)')
-    return f'{self.mean:.4f}{spread}{note}'
+    spread = (f' ± {self.std:.{digits}f}{unit}' if len(self.losses) > 1 else
+              unit if self.diverged else f'{unit} (1 seed)')
+    return f'{self.mean:.{digits}f}{spread}{note}'
 
   def per_seed(self) -> str:
     return ', '.join(f'{self.losses[s]:.4f}' if s in self.losses
@@ -468,12 +470,18 @@ def run_units(overrides: Mapping[str, Any]) -> float:
           overrides.get('batch_per_worker', 4) * overrides.get('seq_len', 64) / UNIT_TOKENS)
 
 
+def _finished_statuses(folder: str) -> list[dict[str, Any]]:
+  """The status.json of every finished run under `folder`."""
+  found = (runs_lib.read_json_object(path) or {} for path in
+           glob.glob(os.path.join(folder, '**', 'status.json'), recursive=True))
+  return [s for s in found if s.get('state') == 'finished']
+
+
 def programs(folder: str) -> list[tuple[float, float]]:
   """(units, seconds) per finished program under `folder` (a batch of runs is one)."""
   found: dict[tuple, tuple[float, float]] = {}
-  for path in glob.glob(os.path.join(folder, '**', 'status.json'), recursive=True):
-    s = runs_lib.read_json_object(path) or {}
-    if s.get('state') != 'finished' or 'steps' not in (s.get('overrides') or {}):
+  for s in _finished_statuses(folder):
+    if 'steps' not in (s.get('overrides') or {}):
       continue
     key = tuple(s['batch']) if s.get('batch') else (s.get('name'),)
     u, secs = found.get(key, (0.0, 0.0))
@@ -486,14 +494,13 @@ def in_flight(folder: str) -> float:
   of their [start, end] (status.json), pauses and other work on the machine included.
   Read from the runs, it spans every invocation that trained them."""
   spans = []
-  for path in glob.glob(os.path.join(folder, '**', 'status.json'), recursive=True):
-    s = runs_lib.read_json_object(path) or {}
+  for s in _finished_statuses(folder):
     try:
       start, end = (datetime.datetime.fromisoformat(s[k]).timestamp()
                     for k in ('start', 'end'))
     except (KeyError, TypeError, ValueError):
       continue
-    if s.get('state') == 'finished' and end >= start:
+    if end >= start:
       spans.append((start, end))
   total, reach = 0.0, -math.inf
   for start, end in sorted(spans):
