@@ -293,3 +293,28 @@ def test_cost_counts_each_batch_once_and_takes_the_median_per_unit(tmp_path):
   c = study.cost(str(tmp_path))
   assert c['programs'] == 3 and c['tuning'] == 2.0 and c['finals'] == 1.5
   assert c['per_unit'] == 45.0                      # median of 40, 45 and 1800
+
+
+def _study_cost(*args):
+  import subprocess
+  import sys
+  return subprocess.run([sys.executable, 'scripts/study_cost.py', *args], capture_output=True,
+                        text=True, timeout=120, cwd=__file__.rsplit('/tests/', 1)[0])
+
+
+def test_the_cost_script_prints_units_and_answers_bad_input_in_one_line(tmp_path):
+  d = tmp_path / 'final' / 'a'
+  d.mkdir(parents=True)
+  (d / 'status.json').write_text(json.dumps(dict(name='a', state='finished', seconds=86.0,
+                                                 overrides={'steps': 2100})))
+  out = _study_cost(str(tmp_path), '--planned')
+  assert out.returncode == 0, out.stderr
+  assert 'median 43.0 s per unit' in out.stdout and 'finals so far: 2.0 units' in out.stdout
+  assert 'finals planned (launch.claims, full scale)' in out.stdout
+  (d / 'status.json').write_text('{"state": "fini')
+  for args, says in (((str(tmp_path),), 'is not valid JSON'),
+                     ((str(tmp_path / 'none'),), 'no finished runs under'),
+                     ((), 'usage:'), ((str(tmp_path), '--bad'), 'usage:')):
+    out = _study_cost(*args)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode in (1, 2) and len(lines) == 1 and says in lines[0], (args, lines)
