@@ -1069,8 +1069,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help='launch.scaling studies whose points the page overlays')
   parser.add_argument('--page_only', action='store_true',
                       help='write the page from the finished runs; train nothing')
+  parser.add_argument('--sampling', choices=('windows', 'stream'), default='windows',
+                      help='the batch layout of every run (data.sampling; stream '
+                      'reproduces the pages made before independent-row batches)')
   args = parser.parse_args(argv)
   scale = SCALES['quick' if args.quick else 'long' if args.long else 'full']
+  scale = dataclasses.replace(scale, budget=dataclasses.replace(
+      scale.budget, common={**scale.budget.common, 'data.sampling': args.sampling}))
   page = args.page or (os.path.join(args.out, 'claims.md') if args.quick else PAGE)
   figures = os.path.join(os.path.dirname(page) or '.', FIGURES)
 

@@ -85,7 +85,9 @@ def finals() -> list[Final]:
 
 def budget(plan: Mapping[str, Any]) -> study.Budget:
   steps = plan['steps']
+  # A plan from before independent-row batches has no 'sampling': it was the stream's.
   common = {'model.preset': plan['preset'], 'seq_len': plan['seq_len'],
+            'data.sampling': plan.get('sampling', 'stream'),
             'eval.batches': plan['eval_batches'], 'eval.batch_size': 16,
             'eval.per_worker': False, 'eval.every': steps // 4, 'log_every': plan['h'],
             'checkpoint.every': steps // 2, 'progress': False}
@@ -148,8 +150,11 @@ def _probe(out: str, plan: dict[str, Any], batch_runs: int) -> float:
 
 
 def make_plan(out: str, preset: str, quick: bool, tokens_per_weight: float,
-              minutes: float, batch_runs: int) -> dict[str, Any]:
-  """The study's plan: kept in OUT/plan.json, made once (the probe sizes it)."""
+              minutes: float, batch_runs: int, sampling: str | None = None
+              ) -> dict[str, Any]:
+  """The study's plan: kept in OUT/plan.json, made once (the probe sizes it).
+  `sampling`: the batch layout (`data.sampling`) of a new plan (default 'windows'); a
+  kept plan keeps its own, and asking for another is refused."""
   path = os.path.join(out, 'plan.json')
   kept = runs_lib.read_json_object(path)   # a damaged one: one line naming it
   if kept is not None:
@@ -159,6 +164,10 @@ def make_plan(out: str, preset: str, quick: bool, tokens_per_weight: float,
     if missing:
       raise LocoError(f'{path} is not a launch.scaling plan (no {", ".join(missing)}); '
                       'delete it to make a new plan.')
+    if sampling is not None and kept.get('sampling', 'stream') != sampling:
+      raise LocoError(f'{path} was planned with data.sampling='
+                      f'{kept.get("sampling", "stream")}, not {sampling}; give another '
+                      '--out for a study with other batches.')
     return kept
   batch, seq_len = SHAPES['nano' if quick else preset]
   params = _params(preset)
@@ -166,6 +175,7 @@ def make_plan(out: str, preset: str, quick: bool, tokens_per_weight: float,
               h=3 if quick else H, inner_lrs=[1.5e-3, 3e-3, 6e-3],
               seeds=[1, 2] if quick else [1, 2, 3], eval_batches=4 if quick else 32,
               score_batches=16 if quick else 512, batch_runs=batch_runs,
+              sampling=sampling or 'windows',
               tokens_per_weight_asked=tokens_per_weight, minutes=minutes)
   tokens_per_step = batch * seq_len
   if quick:
@@ -249,7 +259,11 @@ def write_page(out: str, plan: Mapping[str, Any], p: Mapping[str, Any],
       f'`python -m launch.scaling --preset={plan["preset"]}` '
       f'({seconds / 60:.0f} minutes of runs). {plan["steps"]} steps x {plan["batch"]} x '
       f'{plan["seq_len"]} tokens = {plan["tokens_per_weight"]:.1f} tokens per weight, '
-      f'H = {plan["h"]}, seeds {plan["seeds"]}; DDP\'s final loss '
+      f'H = {plan["h"]}, seeds {plan["seeds"]}; batches: '
+      + ('every row an independent window (`data.sampling=\'windows\'`)'
+         if plan.get('sampling', 'stream') == 'windows' else
+         'one token stream per worker (`data.sampling=\'stream\'`, before independent '
+         'rows)') + '; DDP\'s final loss '
       + (f'{p["ddp"]["mean"]:.4f}.' if p['ddp'] else 'not run yet.'), '',
       f'Published: {SOURCE}. The fits are extrapolated far below their 35M-2.4B range: '
       'expect the ordering and rough size, not the digits.', '',
@@ -322,6 +336,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('--minutes', type=float, default=25.0,
                       help='the wall time the study is sized to (default 25)')
   parser.add_argument('--batch_runs', type=cli.positive_int, default=3)
+  parser.add_argument('--sampling', choices=('windows', 'stream'),
+                      help="a new plan's batch layout (data.sampling; default windows: "
+                      "independent rows; stream reproduces the pages made before them)")
   parser.add_argument('--overlay', nargs='+', metavar='DIR',
                       help='draw these studies\' points.json on the published fits '
                       '(into OUT/overlay.png); train nothing')
@@ -339,7 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     clock = os.path.join(args.out, 'seconds.json')
     with study.clocked(clock):
       plan = make_plan(args.out, 'nano' if args.quick else args.preset, args.quick,
-                       args.tokens_per_weight, args.minutes, args.batch_runs)
+                       args.tokens_per_weight, args.minutes, args.batch_runs,
+                       args.sampling)
       print(f'plan: {plan["preset"]}, {plan["params"]:,} weights, {plan["steps"]} steps '
             f'({plan["tokens_per_weight"]:.1f} tokens per weight), H = {plan["h"]}'
             + (f'; probe {plan["probe_seconds_per_step"]:.3f} s per step of '

@@ -1,5 +1,6 @@
 """Tests for loco.data: corpus, sources, tokenizers, sharding, packing."""
 
+import dataclasses
 import json
 import os
 import threading
@@ -71,6 +72,13 @@ def _segments(stream, eos=EOS):
   cuts = np.flatnonzero(stream == eos)
   starts = np.concatenate([[0], cuts[:-1] + 1])
   return [stream[a:b].astype(np.uint8).tobytes() for a, b in zip(starts, cuts)]
+
+
+def _pieces(row, eos=EOS):
+  """The runs of text (bytes) between EOS tokens of one row, longer than 8 bytes."""
+  cuts = np.concatenate([[-1], np.flatnonzero(row == eos), [len(row)]])
+  return [row[a + 1:b].astype(np.uint8).tobytes() for a, b in zip(cuts, cuts[1:])
+          if b - a - 1 > 8]
 
 
 def _worker_stream(batches, w):
@@ -256,8 +264,12 @@ def test_same_seed_same_batches_other_seed_other_batches(stdlib_cfg):
   assert not np.array_equal(a, read(1))
 
 
-def test_packing_is_exact_and_covers_every_document(text_cfg, text_docs):
-  it = ld.make_train_iterator(text_cfg, num_workers=1, batch_per_worker=16,
+def test_stream_packing_is_exact_and_covers_every_document(text_cfg, text_docs):
+  """The stream layout: one worker's rows, concatenated, are its documents in a
+  per-epoch shuffled order (tests/test_sampling.py has the windows layout's)."""
+  cfg = ld.DataConfig(source='text', text_glob=text_cfg.text_glob,
+                      data_dir=text_cfg.data_dir, sampling='stream')
+  it = ld.make_train_iterator(cfg, num_workers=1, batch_per_worker=16,
                               seq_len=63, seed=0)
   batches = [next(it) for _ in range(100)]
   assert all(b.shape == (1, 16, 64) and b.dtype == np.int32 for b in batches)
@@ -275,12 +287,13 @@ def test_packing_is_exact_and_covers_every_document(text_cfg, text_docs):
   assert b'' not in segments  # the empty file is not a document
 
 
+@pytest.mark.parametrize('sampling', ['windows', 'stream'])
 @pytest.mark.parametrize('sharding_,noniid_by', [
     ('iid', 'file'), ('noniid', 'file'), ('noniid', 'cluster')])
-def test_worker_shares_are_disjoint(text_cfg, text_docs, sharding_, noniid_by):
+def test_worker_shares_are_disjoint(text_cfg, text_docs, sharding_, noniid_by, sampling):
   cfg = ld.DataConfig(source='text', text_glob=text_cfg.text_glob,
                       data_dir=text_cfg.data_dir, sharding=sharding_,
-                      noniid_by=noniid_by)
+                      noniid_by=noniid_by, sampling=sampling)
   docs = sources.open_documents(cfg, 'train')
   shares = sharding.worker_shares(docs, num_workers=3, sharding=sharding_,
                                   noniid_by=noniid_by, seed=0)
@@ -292,9 +305,12 @@ def test_worker_shares_are_disjoint(text_cfg, text_docs, sharding_, noniid_by):
                               seq_len=63, seed=0)
   batches = [next(it) for _ in range(30)]
   for w, share in enumerate(sets):
-    allowed = {docs[i] for i in share}
-    seen = set(_segments(_worker_stream(batches, w)))
-    assert seen and seen <= allowed
+    allowed = [docs[i] for i in share]
+    others = [docs[i] for i in range(len(docs)) if i not in share]
+    # Every piece of a row between EOS tokens is part of one of the worker's documents.
+    pieces = {p for b in batches for row in b[w] for p in _pieces(row)}
+    assert pieces and all(any(p in d for d in allowed) for p in pieces)
+    assert any(not any(p in d for d in others) for p in pieces)
 
 
 def test_noniid_file_gives_workers_different_packages(stdlib_cfg):
@@ -336,9 +352,11 @@ def test_too_few_documents_for_workers(text_cfg):
                            seq_len=8, seed=0)
 
 
+@pytest.mark.parametrize('sampling', ['windows', 'stream'])
 @pytest.mark.parametrize('which', ['stdlib', 'text'])
-def test_exact_resume(which, stdlib_cfg, text_cfg):
+def test_exact_resume(which, sampling, stdlib_cfg, text_cfg):
   cfg = stdlib_cfg if which == 'stdlib' else text_cfg  # text wraps epochs
+  cfg = dataclasses.replace(cfg, sampling=sampling)
   kwargs = dict(num_workers=3, batch_per_worker=2, seq_len=127, seed=7)
   it = ld.make_train_iterator(cfg, **kwargs)
   for _ in range(25):
@@ -358,10 +376,13 @@ def test_exact_resume(which, stdlib_cfg, text_cfg):
     other.set_state({'step': 3})
 
 
-def test_a_process_reads_only_its_workers_and_resumes_from_the_whole_state(text_cfg):
-  """A multi-host process builds only its own workers' streams: the same rows as the
+@pytest.mark.parametrize('sampling', ['windows', 'stream'])
+def test_a_process_reads_only_its_workers_and_resumes_from_the_whole_state(
+    text_cfg, sampling):
+  """A multi-host process builds only its own workers' readers: the same rows as the
   full iterator's, its state has None for the others, and the gathered state of all
   workers restores it."""
+  text_cfg = dataclasses.replace(text_cfg, sampling=sampling)
   kwargs = dict(num_workers=4, batch_per_worker=2, seq_len=31, seed=3)
   full = ld.make_train_iterator(text_cfg, **kwargs)
   part = ld.make_train_iterator(text_cfg, **kwargs, workers=[2, 3])
@@ -437,11 +458,12 @@ def test_unigram_entropy_of_stdlib_bytes(stdlib_cfg):
 # -------------------------------------------------------------------- tfds
 
 
-def test_tfds_source_with_mock_c4(tmp_path):
+@pytest.mark.parametrize('sampling', ['windows', 'stream'])
+def test_tfds_source_with_mock_c4(tmp_path, sampling):
   # Registers c4's builder code, which the mock needs (no data, no TF).
   import tensorflow_datasets.text.c4  # pylint: disable=g-import-not-at-top,unused-import
   cfg = ld.DataConfig(source='tfds', tfds_name='c4/en:3.1.0',
-                      data_dir=str(tmp_path), read_threads=2)
+                      data_dir=str(tmp_path), read_threads=2, sampling=sampling)
   with tfds.testing.mock_data(num_examples=40,
                               policy=tfds.testing.MockPolicy.USE_CODE):
     kwargs = dict(num_workers=2, batch_per_worker=2, seq_len=16, seed=0)

@@ -1,5 +1,10 @@
 """The packing pipeline at exact fill boundaries, against hand-written windows.
 
+Both layouts (loco/data/sampling.py): 'stream' reads each worker's packed documents as
+consecutive windows; 'windows' packs each pool of whole documents (here one epoch, or
+more when the epoch holds less than a window) and reads its windows in a seeded
+permutation, leaving out the pool's last partial window.
+
 seq_len = 7, so windows hold 8 tokens; '$' below is EOS. Non-iid 'file' sharding over
 5 workers gives worker w the sorted train documents [w N / 5, (w + 1) N / 5) of the
 N = 6 training files: one document each for workers 0-3 (so each stream is that
@@ -12,6 +17,7 @@ document and its EOS, repeated) and two for worker 4 (in a per-epoch shuffled or
   worker 4  'e' x 7 and 'f' x 15: both exact, so every window is one piece of one document
 """
 
+import dataclasses
 import json
 
 import numpy as np
@@ -48,11 +54,12 @@ def cfg(tmp_path_factory, data_dir):
   for name, text in {**TRAIN, **VALIDATION}.items():
     (root / name).write_text(text)
   return ld.DataConfig(source='text', text_glob=str(root / '*.txt'), data_dir=data_dir,
-                       sharding='noniid', noniid_by='file')
+                       sharding='noniid', noniid_by='file', sampling='stream')
 
 
-def _iterator(cfg):
-  return ld.make_train_iterator(cfg, num_workers=5, batch_per_worker=1, seq_len=SEQ, seed=0)
+def _iterator(cfg, batch=1):
+  return ld.make_train_iterator(cfg, num_workers=5, batch_per_worker=batch, seq_len=SEQ,
+                                seed=0)
 
 
 def _windows(batches, w):
@@ -110,3 +117,47 @@ def test_state_at_a_boundary_resumes_the_identical_next_window(cfg):
   nxt = next(resumed)
   np.testing.assert_array_equal(nxt, next(it))
   assert [_text(nxt[w, 0]) for w in range(4)] == [WINDOWS[w][9] for w in range(4)]
+
+
+# The windows layout on the same shares. A pool is whole documents up to the end of an
+# epoch (or past it while it holds less than one window); its windows are permuted.
+POOLS = {   # worker: the windows of one pool, and how many documents a pool reads
+    0: (['aaaaaaa$'], 1),                       # 8 tokens: one window
+    1: (['bbbbbbbb', 'bbbbbbb$'], 1),           # 16: two, in a per-pool order
+    2: (['cccccccc'], 1),                       # 9: one window, the EOS left out
+    3: (['dddddd$d'], 2),                       # 7 < 8: two epochs, 'dddddd$' left out
+}
+
+
+def test_windows_layout_reads_each_pool_window_once_in_a_seeded_order(cfg):
+  cfg = dataclasses.replace(cfg, sampling='windows')
+  it = _iterator(cfg)
+  batches = [next(it) for _ in range(12)]
+  for w, (pool, _) in POOLS.items():
+    got = _windows(batches, w)
+    per_pool = [sorted(got[i:i + len(pool)]) for i in range(0, 12, len(pool))]
+    assert all(p == sorted(pool) for p in per_pool), (w, got)
+  assert len({tuple(_windows(batches, 1)[i:i + 2]) for i in range(0, 12, 2)}) == 2
+  # Worker 4: 'eeeeeee$' and 'ffffffff' 'fffffff$' (both orders of e and f pack the same
+  # three windows), each pool's three in its own order.
+  got = _windows(batches, 4)
+  pools = [got[i:i + 3] for i in range(0, 12, 3)]
+  assert all(sorted(p) == sorted(E_EPOCH + F_EPOCH) for p in pools), got
+  assert len({tuple(p) for p in pools}) > 1
+  # Positions by hand after 3 rows: [first document of the pool, windows read of it].
+  it = _iterator(cfg)
+  for _ in range(3):
+    next(it)
+  assert it.get_state()['workers'] == [[3, 0], [1, 1], [3, 0], [6, 0], [2, 0]]
+  # The same rows in batches of 3: a position counts windows, not batches.
+  wide = _iterator(cfg, batch=3)
+  rows = [next(wide) for _ in range(4)]
+  for b in range(4):
+    np.testing.assert_array_equal(rows[b], np.stack(batches[3 * b:3 * b + 3], axis=2)[:, 0])
+  # ... so a state saved after 6 rows of batches of 1 resumes batches of 3 at row 7.
+  it = _iterator(cfg)
+  for _ in range(6):
+    next(it)
+  again = _iterator(cfg, batch=3)
+  again.set_state(json.loads(json.dumps(it.get_state())))
+  np.testing.assert_array_equal(next(again), rows[2])

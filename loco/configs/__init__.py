@@ -57,6 +57,7 @@ CONSTRAINTS = {
     'model.max_seq_len': '>= 1',
     'model.z_loss': '>= 0',
     'data.read_threads': '>= 0',
+    'data.window_pool_tokens': '>= 1',
     'optimizer.lr': 'positive',
     'optimizer.warmup_steps': '>= 0',
     'optimizer.decay_steps': '>= 1',

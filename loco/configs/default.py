@@ -50,6 +50,13 @@ def get_config() -> config_dict.ConfigDict:
   c.data.sharding = 'iid'           # iid | noniid: how documents are split across workers
   c.data.noniid_by = 'file'         # file | cluster (non-iid split rule; cluster reads <= 200k docs)
   c.data.read_threads = 2           # reader threads per worker for a TFDS source
+  c.data.sampling = 'windows'       # windows: every row of a batch an independent window of
+                                    # the worker's share, each read once per epoch (the papers'
+                                    # loaders) | stream: consecutive windows of one token
+                                    # stream per worker (loco's old layout; loco/data/sampling.py)
+  c.data.window_pool_tokens = 2**25  # windows: a worker's windows are permuted within pools
+                                    # of this many tokens (uint16 in memory); a local corpus's
+                                    # share up to this is one pool per epoch
 
   c.optimizer = config_dict.ConfigDict()  # the inner optimizer, shared by all algorithms
   c.optimizer.name = placeholder(str)  # adamw | muon | sgd | signsgd (loco/optim.py);

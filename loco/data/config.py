@@ -11,6 +11,7 @@ SOURCES = ('stdlib', 'text', 'tfds')
 TOKENIZERS = ('bytes', 'sentencepiece')
 SHARDINGS = ('iid', 'noniid')
 NONIID_BY = ('file', 'cluster')
+SAMPLINGS = ('windows', 'stream')
 
 _DEFAULT_DATA_DIR = os.path.join('~', '.cache', 'loco', 'tfds')
 
@@ -50,10 +51,13 @@ class DataConfig:
   sharding: str = 'iid'         # iid | noniid: how documents are split over workers
   noniid_by: str = 'file'       # file (contiguous ranges of paths) | cluster (k-means, k = M)
   read_threads: int = 2         # threads per worker reading a TFDS source ahead; 0: inline
+  sampling: str = 'windows'     # windows (every row an independent window) | stream (old)
+  window_pool_tokens: int = 2**25  # windows: tokens per pool whose windows are permuted
 
   def __post_init__(self):
     for key, allowed in (('source', SOURCES), ('tokenizer', TOKENIZERS),
-                         ('sharding', SHARDINGS), ('noniid_by', NONIID_BY)):
+                         ('sharding', SHARDINGS), ('noniid_by', NONIID_BY),
+                         ('sampling', SAMPLINGS)):
       if getattr(self, key) not in allowed:
         raise errors.ConfigError(f'data.{key} is {getattr(self, key)!r}; allowed values: '
                                  f'{", ".join(allowed)}.')
@@ -89,6 +93,10 @@ class DataConfig:
           'data.train_split and data.eval_split are both '
           f'{self.train_split!r}; evaluate on held-out data (e.g. slices '
           'train[:99%] / train[99%:]).')
+    if (not isinstance(self.window_pool_tokens, int)
+        or isinstance(self.window_pool_tokens, bool) or self.window_pool_tokens < 1):
+      raise errors.ConfigError(
+          f'data.window_pool_tokens is {self.window_pool_tokens!r}; use an integer >= 1.')
     if not isinstance(self.read_threads, int) or self.read_threads < 0:
       raise errors.ConfigError(
           f'data.read_threads is {self.read_threads!r}; use an integer >= 0.')

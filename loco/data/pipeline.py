@@ -1,132 +1,42 @@
 """Training and eval batches: tokenize, pack, shard over workers, resume.
 
-Each worker reads an endless stream: the documents of its share (see
-`sharding.py`) in a seeded order that is reshuffled every epoch, each followed
-by EOS, concatenated and cut into windows of `seq_len + 1` tokens (no padding;
-a document continues in the next window and the next epoch continues the
-stream). The trainer uses `w[:-1]` as inputs and `w[1:]` as targets.
+Each worker reads its share of the documents (`sharding.py`) in a seeded order that is
+reshuffled every epoch, packed with EOS after each document and cut into windows of
+`seq_len + 1` tokens (no padding); the trainer uses `w[:-1]` as inputs and `w[1:]` as
+targets. How a worker's rows are drawn is `DataConfig.sampling` (`sampling.py`):
+'windows' (the default) makes every row an independent window of the worker's share,
+read without replacement within an epoch; 'stream' is loco's old layout, consecutive
+windows of one token stream per worker.
 
-A worker's position is two integers: `doc`, how many documents of its stream
-came before the current one, and `offset`, how many tokens (EOS included) of
-the current one were consumed. The document order is a pure function of
-(seed, worker, epoch) through `grain.experimental.index_shuffle`, so the state
-`{'format', 'signature', 'workers': [[doc, offset], ...]}` is all that a
-checkpoint needs, and restoring it replays exactly the same batches. A TFDS
-source is read ahead by grain threads (`DataConfig.read_threads`); local
-corpora are in memory already.
+A worker's position is two integers, and the document order and window permutations are
+pure functions of (seed, worker, epoch, pool) through `grain.experimental.index_shuffle`,
+so the state `{'format', 'signature', 'sampling', ..., 'workers': [[a, b], ...]}` is all
+that a checkpoint needs, and restoring it replays exactly the same batches. A TFDS
+source is read ahead by grain threads (`DataConfig.read_threads`); local corpora are in
+memory already.
 """
 
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
-from typing import Any, Iterator, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
-import grain
 import numpy as np
 
 from loco import errors
 from loco.data import config as config_lib
+from loco.data import sampling as sampling_lib
 from loco.data import sharding
 from loco.data import sources
 from loco.data import tokenizers
 
-STATE_FORMAT = 1
+# Format 2 names its sampling; format 1 (no 'sampling' key) was the stream layout's.
+STATE_FORMAT = 2
+_SIGNATURE_VERSION = 1   # what the data-setup signature hashes; format 1 states share it
 EVAL_SEED = 0  # The eval document order and window offsets never depend on the run's seed.
 EVAL_MAX_TOKENS = 16_000_000  # Eval windows are drawn over at most this much of a split.
 _ENTROPY_MAX_TOKENS = 4_000_000
-_ENDLESS = 2**62
-
-
-class _TokenizedDocs:
-  """`tokens(i)`: document i's tokens, without EOS."""
-
-  def __init__(self, docs: sources.Documents, tokenizer: tokenizers.Tokenizer):
-    self._docs, self._tokenizer = docs, tokenizer
-    # Bytes cost nothing to "tokenize"; other tokenizers on an in-memory corpus
-    # are worth caching, since every epoch reads every document again.
-    cache = not isinstance(tokenizer, tokenizers.ByteTokenizer)
-    self._cache: dict[int, np.ndarray] | None = (
-        {} if cache and docs.in_memory else None)
-
-  def __call__(self, i: int) -> np.ndarray:
-    if self._cache is None:
-      return self._tokenizer.encode_document(self._docs[i])
-    if i not in self._cache:
-      self._cache[i] = self._tokenizer.encode_document(self._docs[i])
-    return self._cache[i]
-
-
-class _WorkerStream:
-  """One worker's endless token stream over its share of the documents."""
-
-  def __init__(self, tokens: _TokenizedDocs, share: sharding.Share, seed: int,
-               eos_id: int, read_threads: int):
-    self._tokens, self._share = tokens, share
-    self._seed, self._eos, self._threads = seed, eos_id, read_threads
-    self._doc, self._offset = 0, 0
-    self._current: np.ndarray | None = None
-    self._reader: Iterator[np.ndarray] | None = None
-
-  def doc_index(self, k: int) -> int:
-    """The document read k-th by this worker (epoch k // len(share))."""
-    # Pure in k: grain's reader threads call it concurrently.
-    epoch, t = divmod(k, len(self._share))
-    return self._share[sharding.shuffled_index(
-        t, len(self._share), sharding.seed32(self._seed, epoch))]
-
-  def _load(self, k: int) -> np.ndarray:
-    return self._tokens(self.doc_index(k))
-
-  def _open_reader(self, start: int) -> Iterator[np.ndarray]:
-    if not self._threads:
-      return map(self._load, itertools.count(start))
-    dataset = grain.MapDataset.range(start, _ENDLESS).map(self._load)
-    return iter(dataset.to_iter_dataset(grain.ReadOptions(
-        num_threads=self._threads, prefetch_buffer_size=8 * self._threads)))
-
-  def close(self) -> None:
-    close = getattr(self._reader, 'close', None)
-    if close is not None:
-      close()
-    self._reader, self._current = None, None
-
-  @property
-  def position(self) -> list[int]:
-    return [self._doc, self._offset]
-
-  def restore(self, doc: int, offset: int) -> None:
-    self.close()
-    self._doc, self._offset = doc, offset
-
-  def fill(self, out: np.ndarray) -> None:
-    """Writes the next len(out) tokens of the stream into the 1-D `out`."""
-    pos, need = 0, len(out)
-    while pos < need:
-      if self._current is None:
-        if self._reader is None:
-          self._reader = self._open_reader(self._doc)
-        self._current = next(self._reader)
-        if self._offset > len(self._current):
-          raise errors.DataError(
-              f'data iterator state points at token {self._offset} of a '
-              f'document with {len(self._current)} tokens; the state does not '
-              'belong to this data.')
-      n = len(self._current)
-      if self._offset < n:
-        take = min(n - self._offset, need - pos)
-        out[pos:pos + take] = self._current[self._offset:self._offset + take]
-        pos += take
-        self._offset += take
-      if pos < need and self._offset == n:
-        out[pos] = self._eos
-        pos += 1
-        self._offset += 1
-      if self._offset == n + 1:
-        self._doc += 1
-        self._offset = 0
-        self._current = None
 
 
 class TrainIterator:
@@ -136,72 +46,99 @@ class TrainIterator:
   on several hosts a process reads only its own). `get_state()` returns a small
   JSON-serialisable dict with every worker's position (None for a worker not read
   here: `placement.every_position` gathers the processes'); `set_state(state)` on an
-  iterator made with the same data config, workers and seed continues with exactly the
-  batches the original would have produced next (batch size and sequence length may
-  differ: the state counts documents and tokens).
+  iterator made with the same data config, workers, seed and seq_len continues with
+  exactly the batches the original would have produced next (the batch size may
+  differ: a position counts windows or tokens, not batches).
   """
 
-  def __init__(self, streams: dict[int, _WorkerStream], *, num_workers: int,
-               batch_per_worker: int, seq_len: int, signature: str):
-    self._streams = streams
+  def __init__(self, readers: dict[int, Any], *, num_workers: int,
+               batch_per_worker: int, seq_len: int, signature: str,
+               layout: dict[str, Any]):
+    self._readers = readers
     self._num_workers = num_workers
-    self._shape = (len(streams), batch_per_worker, seq_len + 1)
+    self._shape = (len(readers), batch_per_worker, seq_len + 1)
     self._signature = signature
+    self._layout = layout     # {'sampling': ..., and the windows' sizes}
 
   @property
   def workers(self) -> list[int]:
     """The workers whose rows this iterator's batches hold, in order."""
-    return list(self._streams)
+    return list(self._readers)
 
   def __iter__(self) -> TrainIterator:
     return self
 
   def __next__(self) -> np.ndarray:
     batch = np.empty(self._shape, dtype=np.int32)
-    for row, stream in zip(batch, self._streams.values()):
-      stream.fill(row.reshape(-1))
+    for rows, reader in zip(batch, self._readers.values()):
+      reader.read(rows)
     return batch
 
+  def next_with_documents(self) -> tuple[np.ndarray, list[list[np.ndarray]]]:
+    """The next batch and, per worker and row, the indices (into the training split) of
+    the documents the row reads: for measuring a layout (scripts/batch_documents.py)."""
+    batch = np.empty(self._shape, dtype=np.int32)
+    docs = []
+    for rows, reader in zip(batch, self._readers.values()):
+      docs.append([])
+      reader.read(rows, docs[-1])
+    return batch, docs
+
   def get_state(self) -> dict[str, Any]:
-    return {'format': STATE_FORMAT, 'signature': self._signature,
-            'workers': [self._streams[w].position if w in self._streams else None
+    return {'format': STATE_FORMAT, 'signature': self._signature, **self._layout,
+            'workers': [self._readers[w].position if w in self._readers else None
                         for w in range(self._num_workers)]}
 
   def set_state(self, state: dict[str, Any]) -> None:
     try:
       fmt, signature, workers = (
           state['format'], state['signature'], state['workers'])
-      workers = [(int(d), int(o)) for d, o in workers]
+      workers = [(int(a), int(b)) for a, b in workers]
     except (KeyError, TypeError, ValueError) as e:
       raise errors.DataError(
           'data iterator state is not a loco.data state (needs format, '
           f'signature and every worker\'s position); got {str(state)[:200]}.') from e
-    if fmt != STATE_FORMAT:
+    if fmt not in (1, STATE_FORMAT):
       raise errors.DataError(
-          f'data iterator state has format {fmt}; this loco reads format '
+          f'data iterator state has format {fmt}; this loco reads formats 1 and '
           f'{STATE_FORMAT}.')
     if signature != self._signature or len(workers) != self._num_workers:
       raise errors.DataError(
           'data iterator state was saved for another data setup (source, '
           'split, tokenizer, sharding, number of workers or seed differ); '
           'resume with the config of the run that saved it.')
-    if any(d < 0 or o < 0 for d, o in workers):
+    saved = ({'sampling': 'stream'} if fmt == 1 else
+             {k: state.get(k) for k in self._layout})
+    if saved.get('sampling') != self._layout['sampling']:
+      was = ('the stream layout (format 1, from before independent-row batches)'
+             if fmt == 1 else f"data.sampling='{saved.get('sampling')}'")
+      raise errors.DataError(
+          f'data iterator state was saved with {was}; this run reads '
+          f"data.sampling='{self._layout['sampling']}'. Resume it with "
+          f"--config.data.sampling={saved.get('sampling')}, or start a new run.")
+    if saved != self._layout:
+      raise errors.DataError(
+          f'data iterator state was saved for windows of {saved.get("window")} tokens '
+          f'in pools of {saved.get("pool_tokens")}; this run reads windows of '
+          f'{self._layout["window"]} in pools of {self._layout["pool_tokens"]} '
+          '(seq_len + 1 and data.window_pool_tokens); resume with the run\'s own.')
+    if any(a < 0 or b < 0 for a, b in workers):
       raise errors.DataError(f'data iterator state has negative positions: '
                              f'{workers}.')
-    for w, stream in self._streams.items():
-      stream.restore(*workers[w])
+    for w, reader in self._readers.items():
+      reader.restore(*workers[w])
 
   def close(self) -> None:
     """Stops reader threads (TFDS sources); the iterator can still be used."""
-    for stream in self._streams.values():
-      stream.close()
+    for reader in self._readers.values():
+      reader.close()
 
 
 def _signature(cfg: config_lib.DataConfig, docs: sources.Documents,
                tokenizer: tokenizers.Tokenizer, num_workers: int,
                seed: int) -> str:
   tok = {k: v for k, v in tokenizer.fingerprint().items() if k != 'model'}
-  parts = [STATE_FORMAT, docs.identity, tok, cfg.sharding,
+  parts = [_SIGNATURE_VERSION, docs.identity, tok, cfg.sharding,
            cfg.noniid_by if cfg.sharding == 'noniid' else '', num_workers, seed]
   return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
 
@@ -209,16 +146,17 @@ def _signature(cfg: config_lib.DataConfig, docs: sources.Documents,
 def make_train_iterator(cfg: config_lib.DataConfig, *, num_workers: int,
                         batch_per_worker: int, seq_len: int, seed: int,
                         workers: Sequence[int] | None = None) -> TrainIterator:
-  """The training stream of all workers, from `cfg.train_split`.
+  """The training batches of all workers, from `cfg.train_split`.
 
   Args:
-    cfg: the data config.
+    cfg: the data config (`cfg.sampling`: how rows are drawn, see `sampling.py`).
     num_workers: M, the leading axis of every batch.
     batch_per_worker: sequences per worker per batch.
     seq_len: model sequence length; windows have seq_len + 1 tokens.
-    seed: seeds the iid share and every worker's per-epoch document order.
+    seed: seeds the iid share, every worker's per-epoch document order and its
+      window permutations.
     workers: the workers to read (this process's, on several hosts); all by default.
-      Worker w's stream is the same whichever others are read.
+      Worker w's rows are the same whichever others are read.
 
   Returns:
     A TrainIterator of int32 [len(workers), batch_per_worker, seq_len + 1].
@@ -228,16 +166,27 @@ def make_train_iterator(cfg: config_lib.DataConfig, *, num_workers: int,
   shares = sharding.worker_shares(
       docs, num_workers=num_workers, sharding=cfg.sharding,
       noniid_by=cfg.noniid_by, seed=seed)
-  tokens = _TokenizedDocs(docs, tokenizer)
+  tokens = sampling_lib.TokenizedDocs(docs, tokenizer)
   threads = 0 if docs.in_memory else cfg.read_threads
-  streams = {
-      w: _WorkerStream(tokens, shares[w], sharding.seed32('order', seed, w),
-                       tokenizer.eos_id, threads)
+  window = seq_len + 1
+  if cfg.sampling == 'windows':
+    layout = {'sampling': 'windows', 'window': window,
+              'pool_tokens': cfg.window_pool_tokens}
+    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.int32
+    make = lambda *a: sampling_lib.WindowReader(
+        *a, pool_tokens=cfg.window_pool_tokens, dtype=dtype, window=window)
+  else:
+    layout = {'sampling': 'stream'}
+    make = lambda *a: sampling_lib.StreamReader(*a, window=window)
+  readers = {
+      w: make(tokens, shares[w], sharding.seed32('order', seed, w), tokenizer.eos_id,
+              threads)
       for w in (range(num_workers) if workers is None else workers)
   }
   return TrainIterator(
-      streams, num_workers=num_workers, batch_per_worker=batch_per_worker, seq_len=seq_len,
-      signature=_signature(cfg, docs, tokenizer, num_workers, seed))
+      readers, num_workers=num_workers, batch_per_worker=batch_per_worker,
+      seq_len=seq_len, signature=_signature(cfg, docs, tokenizer, num_workers, seed),
+      layout=layout)
 
 
 class EvalWindows(NamedTuple):
