@@ -101,6 +101,7 @@ class Shape:
 @dataclasses.dataclass(frozen=True)
 class Sizes:
   """Everything the accelerator study and its dry run do differently: sizes and caps."""
+  accelerator: bool                  # the env phase fails where jax sees only the CPU
   parity_flags: tuple[str, ...]      # loco.main overrides of the main job
   parity_steps: int
   precisions: tuple[str, ...]        # the device runs' matmul precisions
@@ -126,6 +127,7 @@ MODEL_35M = {'preset': 'tiny', 'vocab_size': 32000, 'd_model': 512, 'num_layers'
 
 SIZES = {
     'gpu': Sizes(
+        accelerator=True,
         parity_flags=('--config.algorithm.sync_every=10', '--config.eval.every=20',
                       '--config.eval.batches=4', '--config.checkpoint.every=40'),
         parity_steps=40, precisions=('default', 'highest'),
@@ -138,6 +140,7 @@ SIZES = {
         sync_every=50, chunk=10, timed_chunks=5, matmul_n=8192,
         caps={'env': 45, 'parity': 150, 'throughput': 120, 'mesh': 75, 'batched': 150}),
     'dry': Sizes(
+        accelerator=False,
         parity_flags=('--config.model.preset=nano', '--config.algorithm.sync_every=2',
                       '--config.log_every=2', '--config.eval.every=4',
                       '--config.eval.batches=1', '--config.eval.batch_size=4',
@@ -231,7 +234,6 @@ def _nvidia_smi() -> dict[str, str]:
 
 
 def phase_env(sizes: Sizes, res: Results) -> None:
-  del sizes
   res.put('versions', _versions())
   res.put('commit', _commit())
   res.put('host', {'cpus': os.cpu_count(), 'machine': platform.machine(),
@@ -245,6 +247,15 @@ def phase_env(sizes: Sizes, res: Results) -> None:
                      'memory_bytes': stats.get('bytes_limit')})
   print(f'env: {len(devices)} x {d.device_kind} ({d.platform}), jax {jax.__version__}',
         flush=True)
+  if sizes.accelerator and d.platform == 'cpu':
+    # jax falls back to the CPU with a warning; the GPU backend's own error says why.
+    try:
+      jax.devices('gpu')
+      why = ''
+    except RuntimeError as e:
+      why = f': {(str(e).strip().splitlines() or [""])[0][:200]}'
+    raise LocoError(f'jax sees no accelerator, only the CPU{why} (the study\'s numbers '
+                    'would be the CPU\'s; use --dry_run for that).')
 
 
 def _loco_main_cmd(workdir: str, sizes: Sizes) -> list[str]:
@@ -417,10 +428,13 @@ class _Chunk:
     self.tokens = jax.device_put(tokens, sharding) if sharding is not None else (
         jnp.asarray(tokens))
     self.valid = jnp.ones((sizes.chunk,), bool)
-    self.state = init(key)
+    self._init = lambda: init(key)   # on the first call: after the memory check
+    self.state = None
     self.losses = []
 
   def __call__(self):
+    if self.state is None:
+      self.state = self._init()
     self.state, (losses, _) = self.compiled(self.state, self.tokens, None, self.valid)
     self.losses.append(losses)
     return losses
@@ -833,6 +847,14 @@ def run_study(out: str, work: str, dry: bool, phases: Sequence[str], minutes: fl
     print(f'phase {phase}: {s["state"]} in {s["seconds"]:.1f} s'
           + (f' ({s["error"]})' if s.get('error') else ''), flush=True)
     write_page(out, render(results, status, meta))
+    if phase == 'env' and s['state'] != 'ok' and sizes.accelerator:
+      for rest in phases[phases.index(phase) + 1:]:
+        status[rest] = {'state': 'skipped', 'cap': 0.0,
+                        'error': 'no accelerator (the env phase failed)'}
+      print('phase env failed: the other phases would measure no accelerator; stopped.',
+            flush=True)
+      write_page(out, render(results, status, meta))
+      break
   return status
 
 
@@ -848,9 +870,12 @@ def _phase_main(phase: str, work: str, dry: bool) -> int:
       {'env': phase_env, 'throughput': phase_throughput, 'batched': phase_batched,
        'mesh': phase_mesh}[phase](sizes, res)
   except Exception as e:  # a phase's failure is a row of the page; the study goes on
-    traceback.print_exc()
+    if isinstance(e, LocoError):
+      print(f'{PROG}: {phase}: error: {e}', file=sys.stderr)
+    else:
+      traceback.print_exc()   # a bug: its traceback is for whoever reads the log
     first = (str(e).strip().splitlines() or [''])[0][:300]
-    res.put('_error', f'{type(e).__name__}: {first}')
+    res.put('_error', first if isinstance(e, LocoError) else f'{type(e).__name__}: {first}')
     return 1
   return 0
 
