@@ -6,8 +6,9 @@
 
 Five phases, each in its own process with its own time cap (a phase that overruns is
 stopped, its process group killed, and the study goes on), each printing its wall time
-as it ends. The page is rewritten after every phase, and a phase keeps each result as
-it gets it, so a study cut short still leaves the numbers it reached. Sized to end in
+as it ends. The page is rewritten after every phase (with every number behind it in a
+.json beside it: docs/gpu.json), and a phase keeps each result as it gets it, so a study
+cut short still leaves the numbers it reached. Sized to end in
 about 8 minutes on one H100 (`--minutes`: no phase starts after that, and a phase's cap
 is cut to the time left).
 
@@ -29,7 +30,7 @@ is cut to the time left).
               (`loco.run_axis`) against one run at a time (the train loop's own chunk).
 
 A dry run (`--dry_run`) runs the same phases through the same code and page writer at
-CPU sizes (nano and micro models, a few steps; about a minute on 2 cores):
+CPU sizes (nano and micro models, a few steps; about 2 minutes on 2 cores):
 tests/test_gpu_study.py keeps the study from rotting between accelerator sessions.
 Every timing phase draws random tokens (no data pipeline); only parity reads the corpus,
 which it prepares once into the study's work folder (`--work`).
@@ -208,11 +209,13 @@ def _versions() -> dict[str, str]:
 
 
 def _commit() -> str:
+  if os.environ.get('LOCO_COMMIT'):   # a copy of the tree without .git
+    return os.environ['LOCO_COMMIT']
   try:
     return subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, text=True,
                           capture_output=True, timeout=10, check=True).stdout.strip()
   except (OSError, subprocess.SubprocessError):
-    return os.environ.get('LOCO_COMMIT', 'unknown (no git here)')
+    return 'unknown (no git here; LOCO_COMMIT names it)'
 
 
 def _nvidia_smi() -> dict[str, str]:
@@ -334,7 +337,10 @@ def compare_runs(cpu: Mapping[str, Any], device: Mapping[str, Any],
   a, b = cpu['rows'], device['rows']
   rows, worst, bytes_equal = [], 0.0, [r['step'] for r in a] == [r['step'] for r in b]
   for ra, rb in zip(a, b):
-    diffs = {k: abs(ra[k] - rb[k]) for k in LOSS_KEYS if k in ra and k in rb}
+    # A loss that is not finite on one side only is as far as can be (and NaN would
+    # slip through max()).
+    diffs = {k: abs(ra[k] - rb[k]) if math.isfinite(ra[k] - rb[k]) else math.inf
+             for k in LOSS_KEYS if k in ra and k in rb}
     worst = max([worst, *diffs.values()])
     same = all(ra.get(k) == rb.get(k) for k in BYTE_KEYS)
     bytes_equal &= same
@@ -785,6 +791,13 @@ def write_page(path: str, text: str) -> None:
   os.replace(tmp, path)
 
 
+def _save(out: str, results, status, meta) -> None:
+  """The page, and beside it (docs/gpu.json) every number it was made from."""
+  write_page(out, render(results, status, meta))
+  _write_json(os.path.splitext(out)[0] + '.json',
+              {'meta': meta, 'status': status, 'results': results})
+
+
 # ---- the orchestrator ------------------------------------------------------------------
 
 def run_capped(cmd: Sequence[str], cap: float, results: str) -> dict[str, Any]:
@@ -828,7 +841,7 @@ def run_study(out: str, work: str, dry: bool, phases: Sequence[str], minutes: fl
   status: dict[str, Any] = {}
   results: dict[str, Any] = {}
   deadline = time.perf_counter() + 60 * minutes
-  write_page(out, render(results, status, meta))
+  _save(out, results, status, meta)
   for phase in phases:
     left = deadline - time.perf_counter()
     cap = min(sizes.caps[phase], left)
@@ -846,14 +859,14 @@ def run_study(out: str, work: str, dry: bool, phases: Sequence[str], minutes: fl
     s = status[phase]
     print(f'phase {phase}: {s["state"]} in {s["seconds"]:.1f} s'
           + (f' ({s["error"]})' if s.get('error') else ''), flush=True)
-    write_page(out, render(results, status, meta))
+    _save(out, results, status, meta)
     if phase == 'env' and s['state'] != 'ok' and sizes.accelerator:
       for rest in phases[phases.index(phase) + 1:]:
         status[rest] = {'state': 'skipped', 'cap': 0.0,
                         'error': 'no accelerator (the env phase failed)'}
       print('phase env failed: the other phases would measure no accelerator; stopped.',
             flush=True)
-      write_page(out, render(results, status, meta))
+      _save(out, results, status, meta)
       break
   return status
 
@@ -884,7 +897,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser = cli.Parser(prog='python -m launch.gpu_study', description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--out', default=os.path.join('docs', 'gpu.md'),
-                      help='the page to write (default docs/gpu.md)')
+                      help='the page to write (default docs/gpu.md; its numbers go beside it, .json)')
   parser.add_argument('--work', default='',
                       help='a folder for the runs and results (default: a new temporary one)')
   parser.add_argument('--dry_run', action='store_true',

@@ -101,6 +101,8 @@ def test_the_comparison_holds_losses_to_the_tolerance_and_bytes_to_equality():
   other = _run(3.0, comms={'10': {'step': 10, 'sent': [99.0]}})
   c = gpu_study.compare_runs(cpu, other, 1e-3)
   assert c['bytes_equal'] and not c['comms_equal']
+  nan = gpu_study.compare_runs(cpu, _run(float('nan')), tolerance=1e-3)
+  assert not nan['losses_within'] and nan['max_diff'] == float('inf')
   failed = {'exit': 1, 'seconds': 2.0, 'error': 'loco: error: out of memory'}
   assert 'out of memory' in gpu_study.compare_runs(cpu, failed, 1e-3)['error']
 
