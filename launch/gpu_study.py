@@ -716,7 +716,7 @@ def _throughput_section(t: Mapping[str, Any], kind: str) -> list[str]:
       'matmul weights + attention) / peak; '
       + (f'peak: {sheet[1] / 1e12:.0f} TFLOP/s, the dense bf16 datasheet figure of the '
          f'{sheet[0]}' if sheet else f'no datasheet peak known for {kind}')
-      + f'; measured bf16 {t.get("matmul_n")}^3 matmul: {_f(measured and measured / 1e12)} '
+      + f'; measured bf16 {t.get("matmul_n")}^3 matmul: {_f(measured and measured / 1e12, 2)} '
       'TFLOP/s.')
   out += ['', '| model | weights | workers x batch x seq | ms/step | tokens/s | TFLOP/s | '
           'MFU (datasheet) | MFU (measured matmul) | compile s | memory GiB |',
@@ -897,7 +897,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser = cli.Parser(prog='python -m launch.gpu_study', description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--out', default=os.path.join('docs', 'gpu.md'),
-                      help='the page to write (default docs/gpu.md; its numbers go beside it, .json)')
+                      help='the page to write (default docs/gpu.md); its numbers go beside '
+                      'it (.json)')
   parser.add_argument('--work', default='',
                       help='a folder for the runs and results (default: a new temporary one)')
   parser.add_argument('--dry_run', action='store_true',

@@ -21,8 +21,8 @@ install() {   # WHEEL...: into $SITE, offline; without pip, a wheel is a zip to 
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target "$SITE" "$@"
   else
-    "$PY" -c 'import sys, zipfile; [zipfile.ZipFile(w).extractall(sys.argv[1]) for w in sys.argv[2:]]' \
-      "$SITE" "$@"
+    "$PY" -c 'import sys, zipfile
+for w in sys.argv[2:]: zipfile.ZipFile(w).extractall(sys.argv[1])' "$SITE" "$@"
   fi
 }
 
@@ -36,10 +36,12 @@ if ! "$PY" -c "$NEEDED" 2>/dev/null; then
   install "$WHL"/*.whl
   export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
   # tensorflow-metadata's protos need protobuf >= 6.31.1; an older image gets the spare.
-  if ! "$PY" -c 'import tensorflow_metadata.proto.v0.schema_pb2' 2>/dev/null \
+  if ! "$PY" -c 'import sys; from google.protobuf import __version__ as v
+sys.exit(tuple(int(x) for x in v.split(".")[:3]) < (6, 31, 1))' 2>/dev/null \
       && ls "$WHL"/fallback/protobuf-*.whl >/dev/null 2>&1; then
     install "$WHL"/fallback/protobuf-*.whl
-    echo "gpu_study.sh: this image's protobuf is too old for tensorflow-metadata; installed $WHL/fallback's"
+    echo "gpu_study.sh: $PY's protobuf is missing or older than 6.31.1, which" \
+         "tensorflow-metadata needs: installed $WHL/fallback's"
   fi
   echo "gpu_study.sh: installed $(ls "$WHL"/*.whl | wc -l) wheels into $SITE in" \
        "$(( ($(date +%s%N) - start) / 1000000 )) ms"
