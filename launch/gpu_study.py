@@ -337,8 +337,7 @@ def compare_runs(cpu: Mapping[str, Any], device: Mapping[str, Any],
   a, b = cpu['rows'], device['rows']
   rows, worst, bytes_equal = [], 0.0, [r['step'] for r in a] == [r['step'] for r in b]
   for ra, rb in zip(a, b):
-    # A loss that is not finite on one side only is as far as can be (and NaN would
-    # slip through max()).
+    # A loss that is not finite is as far as can be (a NaN would slip through max()).
     diffs = {k: abs(ra[k] - rb[k]) if math.isfinite(ra[k] - rb[k]) else math.inf
              for k in LOSS_KEYS if k in ra and k in rb}
     worst = max([worst, *diffs.values()])
