@@ -94,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     seeds = [int(s) for s in args.seeds.split(',')]
   except ValueError:
     parser.error(f'--seeds {args.seeds!r} is not a list of whole numbers like 1,2,3')
-  if args.steps % 4 or args.steps % 30:
-    parser.error(f'--steps {args.steps} must be a multiple of 60 (evals every quarter, '
-                 'logs every 30 steps)')
+  if args.steps % 120:
+    parser.error(f'--steps {args.steps} must be a multiple of 120 (an eval every '
+                 'quarter, on a log step: every 30 steps)')
 
   def body() -> int:
     cli.check_output_dir(args.out)

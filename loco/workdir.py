@@ -26,6 +26,9 @@ MAY_CHANGE = ('progress', 'log_every', 'eval.every', 'eval.per_worker', 'checkpo
               'mesh.', 'grad_mode', 'data.read_threads', 'data.data_dir', 'metrics.')
 
 
+_SAMPLING_KEYS = ('data.sampling', 'data.window_pool_tokens')
+
+
 def flatten(tree: dict[str, Any], prefix: str = '') -> dict[str, Any]:
   """{'a': {'b': 1}} -> {'a.b': 1}."""
   out = {}
@@ -150,10 +153,19 @@ class Workdir:
       raise WorkdirError(
           f'the run in {self.path} was simulated with the blocking asynchronous replay '
           "(before network.overlap existed): resume it with network.overlap='none'.")
+    # Runs made before data.sampling existed read the stream layout: they resume with
+    # sampling='stream' (the default, 'windows', reads other batches).
+    before_sampling = 'data.sampling' not in old
+    if before_sampling and new.get('data.sampling') != 'stream':
+      raise WorkdirError(
+          f'the run in {self.path} was trained on the stream batch layout (before '
+          "data.sampling existed): resume it with --config.data.sampling=stream, or train "
+          'a new run in another workdir.')
     changed = [k for k in sorted(set(old) | set(new))
                if k != 'steps' and not _may_change(k) and old.get(k) != new.get(k)
                and not (k not in old and new.get(k) is None)
-               and not (k == 'network.overlap' and before_overlap)]
+               and not (k == 'network.overlap' and before_overlap)
+               and not (k in _SAMPLING_KEYS and before_sampling)]
     if changed:
       shown = ', '.join(f'{k} ({old.get(k)!r} -> {new.get(k)!r})' for k in changed[:6])
       more = f' and {len(changed) - 6} more' if len(changed) > 6 else ''

@@ -229,3 +229,42 @@ def test_growing_steps_of_an_async_run_is_refused(config, tmp_path):
   assert records[-1]['tokens'] == 20 * 4 * 2 * 32     # steps x M x batch x seq_len
   seconds = [r['sim_seconds'] for r in records]
   assert seconds == sorted(seconds)
+
+
+def test_a_run_from_before_data_sampling_resumes_only_on_the_stream(config, tmp_path):
+  """A stored config without data.sampling was trained on the stream layout: the default
+  ('windows') reads other batches, so the resume is refused in one line that names the
+  fix, and --config.data.sampling=stream resumes it exactly (its checkpoint's data state
+  in format 1, as such a run wrote it)."""
+  whole = str(tmp_path / 'run')
+  config.steps = 20
+  config.data.sampling = 'stream'
+  train.run(config, whole)                   # the uninterrupted stream run
+  old = str(tmp_path / 'old')                # the same, stopped at step 10 by an old loco
+  shutil.copytree(whole, old)
+  os.remove(os.path.join(old, '.lock'))
+  shutil.rmtree(os.path.join(old, 'checkpoints', '20'))
+  path = os.path.join(old, 'config.json')
+  with open(path) as f:
+    stored = json.load(f)
+  for key in ('sampling', 'window_pool_tokens'):
+    del stored['config']['data'][key]
+  with open(path, 'w') as f:
+    json.dump(stored, f)
+  state_file = os.path.join(old, 'checkpoints', '10', 'data', 'metadata')
+  with open(state_file) as f:
+    state = json.load(f)
+  assert state['format'] == 2 and state['sampling'] == 'stream'
+  with open(state_file, 'w') as f:
+    json.dump({'format': 1, 'signature': state['signature'], 'workers': state['workers']},
+              f)
+
+  config.data.sampling = 'windows'
+  with pytest.raises(WorkdirError, match='resume it with --config.data.sampling=stream') as e:
+    train.run(config, old)
+  assert '\n' not in str(e.value)
+  config.data.sampling = 'stream'
+  train.run(config, old)
+  strip = lambda rs: [{k: v for k, v in r.items()                          # noqa: E731
+                       if k not in ('tokens_per_second', 'wall_seconds')} for r in rs]
+  assert strip(read_metrics(old)) == strip(read_metrics(whole))
