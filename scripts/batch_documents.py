@@ -116,7 +116,7 @@ def _data_overrides(pairs: list[str]) -> dict[str, object]:
     try:
       out[key] = kind(value)
     except ValueError:
-      raise LocoError(f'--data {pair!r}: {key} takes a {kind.__name__}.') from None
+      raise LocoError(f'--data {pair!r}: {key} takes a value of type {kind.__name__}.') from None
   return out
 
 

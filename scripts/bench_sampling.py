@@ -40,8 +40,10 @@ def one_run(config: str, sampling: str, steps: int, log_every: int, tmp: str) ->
 
 
 def main() -> None:
-  parser = argparse.ArgumentParser(description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  sys.path.insert(0, REPO)
+  from loco import cli  # pylint: disable=g-import-not-at-top
+  parser = cli.Parser(prog='scripts/bench_sampling.py', description=__doc__,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--configs', default='experiments/tiny_ddp.py,experiments/micro.py:ddp')
   parser.add_argument('--steps', type=int, default=120)
   parser.add_argument('--log_every', type=int, default=20)

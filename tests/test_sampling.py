@@ -8,7 +8,10 @@ no two windows are equal.
 import collections
 import dataclasses
 import json
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -185,3 +188,31 @@ def test_pool_tokens_is_checked():
     ld.DataConfig(window_pool_tokens=0)
   with pytest.raises(errors.ConfigError, match="data.sampling is 'random'"):
     ld.DataConfig(sampling='random')
+
+
+def _script(*args):
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  return subprocess.run([sys.executable, 'scripts/batch_documents.py', *args],
+                        capture_output=True, text=True, cwd=repo)
+
+
+def test_the_measuring_script_prints_both_layouts_and_answers_bad_input(named_cfg):
+  """scripts/batch_documents.py on the self-naming corpus: a row per layout and shape,
+  the windows rows reading more documents than the stream's; bad input is one line."""
+  data = ['--data', 'source=text', '--data', f'text_glob={named_cfg.text_glob}',
+          '--data', f'data_dir={named_cfg.data_dir}']
+  done = _script('--shapes=1x8,2x4', '--steps=12', '--seq_len=63', *data)
+  assert done.returncode == 0, done.stderr
+  rows = [line.split('|')[1:-1] for line in done.stdout.splitlines()
+          if line.startswith('| stream') or line.startswith('| windows')]
+  table = {(r[0].strip(), r[1].strip()): float(r[2]) for r in rows}
+  assert set(table) == {(s, m) for s in ('stream', 'windows') for m in ('1 x 8', '2 x 4')}
+  for shape in ('1 x 8', '2 x 4'):
+    assert table['windows', shape] >= 6 > 3 >= table['stream', shape], table
+  for args, code, what in ((['--data', 'colour=blue'], 1, 'error: --data'),
+                           (['--data', 'read_threads=two'], 1, 'of type int'),
+                           (['--shapes=8by4'], 2, 'not a list like'),
+                           (['--samplings=random'], 2, 'choose from')):
+    done = _script(*args)
+    assert done.returncode == code and what in done.stderr, (args, done.stderr)
+    assert done.stderr.count('\n') == 1 and 'Traceback' not in done.stderr

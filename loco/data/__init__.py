@@ -1,6 +1,7 @@
 """loco's data: the embedded stdlib corpus, own text files or TFDS; tokenizers;
-packed per-worker (iid / non-iid) training streams with exact resume; eval
-batches; fingerprints for config.json.
+per-worker (iid / non-iid) training batches whose every row is an independent packed
+window of the worker's share (`sampling.py`), with exact resume; eval batches;
+fingerprints for config.json.
 
   cfg = DataConfig()                      # the stdlib, bytes, iid
   it = make_train_iterator(cfg, num_workers=8, batch_per_worker=16,
