@@ -216,3 +216,33 @@ def test_the_measuring_script_prints_both_layouts_and_answers_bad_input(named_cf
     done = _script(*args)
     assert done.returncode == code and what in done.stderr, (args, done.stderr)
     assert done.stderr.count('\n') == 1 and 'Traceback' not in done.stderr
+
+
+def test_a_source_read_on_demand_packs_the_next_pool_ahead_with_the_same_rows(named_cfg):
+  """The self-naming corpus as a TFDS ArrayRecord dataset (the on-demand path, grain
+  reader threads and the next pool packed on a background thread): the same rows as the
+  in-memory corpus, across several pools, and a restore while a pool is being packed
+  ahead replays them."""
+  from loco.data import corpus
+  spec = corpus.text_spec(named_cfg.text_glob)
+  corpus.prepare(spec, named_cfg.data_dir)
+  tfds_cfg = dataclasses.replace(
+      named_cfg, source='tfds', read_threads=2, window_pool_tokens=30_000,
+      tfds_name=f'{corpus.BUILDER_NAME}/{spec.config_name}:{corpus.VERSION}')
+  local_cfg = dataclasses.replace(named_cfg, window_pool_tokens=30_000)
+  kwargs = dict(num_workers=2, batch_per_worker=8, seq_len=127, seed=4)
+  local = ld.make_train_iterator(local_cfg, **kwargs)
+  ahead = ld.make_train_iterator(tfds_cfg, **kwargs)
+  states, batches = [], []
+  for _ in range(120):                       # about 6 pools per worker
+    states.append(ahead.get_state())
+    batches.append(next(ahead))
+    np.testing.assert_array_equal(batches[-1], next(local))
+  assert states[-1]['workers'][0][0] > 0     # pools were crossed
+  ahead.close()
+  again = ld.make_train_iterator(tfds_cfg, **kwargs)
+  for start in (70, 5):
+    again.set_state(states[start])
+    for want in batches[start:start + 30]:
+      np.testing.assert_array_equal(next(again), want)
+  again.close()

@@ -16,7 +16,9 @@ cut into windows of `seq_len + 1` tokens with no padding.
   fewer than `seq_len + 1` tokens, is left out). Held in memory: the current pool
   (`pool_tokens` tokens as uint16 for vocabularies up to 65,536, else int32) and its
   documents' starts; documents are read on demand when a pool is filled (a TFDS source
-  through grain reader threads), so C4 at hundreds of GB is never materialised.
+  through grain reader threads, and the next pool is packed on a background thread while
+  the current one is read, so the tokenizing of a pool overlaps training: two pools in
+  memory then), so C4 at hundreds of GB is never materialised.
   Position: `[k, j]`, the pool's first document in the worker's order and how many of
   the pool's windows were read.
 - **'stream'** (loco's layout before independent rows): consecutive windows of one
@@ -35,7 +37,8 @@ is valid for any batch size (not for another `seq_len`).
 from __future__ import annotations
 
 import itertools
-from typing import Iterator
+import threading
+from typing import Callable, Iterator
 
 import grain
 import numpy as np
@@ -108,6 +111,38 @@ class _ShareReader:
     self._reader = None
 
 
+class _Stopped(Exception):
+  """A background pool was cancelled."""
+
+
+class _Background:
+  """`fn(first, stop)` on a daemon thread: the next pool, packed ahead."""
+
+  def __init__(self, fn: Callable, first: int):
+    self.first = first
+    self._stop, self._done = threading.Event(), threading.Event()
+    self._result, self._error = None, None
+    threading.Thread(target=self._run, args=(fn,), daemon=True).start()
+
+  def _run(self, fn: Callable) -> None:
+    try:
+      self._result = fn(self.first, self._stop)
+    except BaseException as e:  # pylint: disable=broad-except  (re-raised by result())
+      self._error = e
+    finally:
+      self._done.set()
+
+  def result(self):
+    self._done.wait()
+    if self._error is not None:
+      raise self._error
+    return self._result
+
+  def cancel(self) -> None:
+    self._stop.set()
+    self._done.wait()
+
+
 class WindowReader(_ShareReader):
   """Independent windows: a seeded permutation of each pool's windows (the default)."""
 
@@ -116,6 +151,7 @@ class WindowReader(_ShareReader):
     self._pool_tokens, self._dtype = pool_tokens, dtype
     self._first, self._read = 0, 0    # the position [k, j]
     self._pool: tuple[np.ndarray, np.ndarray, np.ndarray, int, int] | None = None
+    self._next: _Background | None = None   # a source read on demand packs ahead
 
   @property
   def position(self) -> list[int]:
@@ -126,12 +162,20 @@ class WindowReader(_ShareReader):
     self._pool = None
     self._first, self._read = first, read
 
-  def _fill_pool(self) -> None:
-    """Packs documents first, first + 1, ... into the pool (see the module docstring)."""
+  def close(self) -> None:
+    if self._next is not None:
+      self._next.cancel()
+      self._next = None
+    super().close()
+
+  def _pack(self, first: int, stop: threading.Event | None = None):
+    """The pool of documents first, first + 1, ... (see the module docstring)."""
     n, w = len(self._share), self._window
     eos = np.array([self._eos], self._dtype)
-    pieces, starts, ids, total, k = [], [], [], 0, self._first
+    pieces, starts, ids, total, k = [], [], [], 0, first
     while True:
+      if stop is not None and stop.is_set():
+        raise _Stopped
       toks = self._document(k)
       pieces += [toks, eos]
       starts.append(total)
@@ -142,8 +186,17 @@ class WindowReader(_ShareReader):
         break
     windows = total // w
     pool = np.concatenate(pieces, dtype=self._dtype, casting='unsafe')[:windows * w]
-    self._pool = (pool.reshape(windows, w), np.asarray(starts, np.int64),
-                  np.asarray(ids, np.int64), k, sharding.seed32(self._seed, 'pool', self._first))
+    return (pool.reshape(windows, w), np.asarray(starts, np.int64),
+            np.asarray(ids, np.int64), k, sharding.seed32(self._seed, 'pool', first))
+
+  def _fill_pool(self) -> None:
+    if self._next is not None and self._next.first == self._first:
+      self._pool = self._next.result()
+    else:
+      self.close()
+      self._pool = self._pack(self._first)
+    self._next = (_Background(self._pack, self._pool[3]) if self._threads else None)
+    windows = len(self._pool[0])
     if self._read >= windows:
       raise errors.DataError(
           f'data iterator state points at window {self._read} of a pool of {windows} '
