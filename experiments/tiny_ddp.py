@@ -2,8 +2,10 @@
 
 Command:
   python -m loco.main --config=experiments/tiny_ddp.py --workdir=runs/tiny_ddp
-Expected: about 5 minutes on 2 CPU cores; final eval_loss well below the corpus's
-unigram byte entropy (3.25 nats), around 1.6 nats/byte.
+Expected: about 5 minutes on 2 CPU cores; final eval_loss 1.715 nats/byte (seed 0,
+measured in `python -m loco.sweep launch/sweeps/main.py`, every row of a batch an
+independent window; 1.976 on the stream layout before 26 November 2026), far below the
+corpus's unigram byte entropy (3.25 nats).
 """
 
 from loco.configs import default

@@ -3,8 +3,10 @@
 Command:
   python -m loco.main --config=experiments/tiny_diloco.py --workdir=runs/tiny_diloco
   python -m loco.main --config=experiments/tiny_diloco.py:local_sgd --workdir=runs/tiny_local_sgd
-Expected: about 10 minutes on 2 CPU cores. See WORKSPACE.md (DDP vs DiLoCo vs Local
-SGD) for the measured eval loss and bytes; outer lr and momentum here are tuned for
+Expected: about 10 minutes on 2 CPU cores; final eval_loss 2.173 nats/byte, 135 MB sent
+per worker (seed 0, every row of a batch an independent window, measured in
+`python -m loco.sweep launch/sweeps/main.py`; 2.268 on the stream layout before 26
+November 2026). WORKSPACE.md (DDP vs DiLoCo vs Local SGD) has Local SGD; outer lr and momentum here are tuned for
 short from-scratch runs (the paper's 0.7 / 0.9 overshoot at this scale).
 """
 

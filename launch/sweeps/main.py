@@ -9,9 +9,10 @@ tokens per step, 300 steps (1.23M tokens) each: DDP, DiLoCo (H=50, outer Nestero
 DiLoCo (4 fragments, tau=1, E3M0), with the settings engine.py, gossip.py,
 sparseloco.py and streaming.py use for them.
 Every run also has a simulated network (see CURVES_AND_CLOCK) for the time axis.
-Measured (WORKSPACE.md, "The main comparison"): DDP 1.976 (6,749 MB per worker), DiLoCo
-2.268 (135 MB), GASLoC 2.344 (154 MB), SparseLoCo 2.181 (1.8 MB), Streaming DiLoCo 2.341
-(16.9 MB). The report (runs/sweeps/main/report.md) has the time to reach the worst
+Measured (WORKSPACE.md, "The main comparison"; every row of a batch an independent
+window): DDP 1.715 (6,749 MB per worker), DiLoCo 2.173 (135 MB), GASLoC 2.281 (154 MB),
+SparseLoCo 2.101 (1.8 MB), Streaming DiLoCo 2.243 (16.9 MB); on the stream layout
+(before 26 November 2026) 1.976, 2.268, 2.344, 2.181 and 2.341. The report (runs/sweeps/main/report.md) has the time to reach the worst
 finished run's loss in steps, tokens, bytes and simulated seconds.
 """
 
