@@ -318,12 +318,17 @@ def local_updates(
   def catch_up(new, alive, rejoin):
     """A rejoining worker copies the anchor, outer state (but its links' own state:
     `comm.LINK_STATES`) and merge state that the lowest-index up-to-date alive worker
-    holds after the sync (inside the worker map)."""
+    holds after the sync (inside the worker map). When every alive worker is rejoining
+    (none is up to date), the lowest-index alive worker's history wins: it keeps the
+    outer step it took on its own anchor and the others copy it, so that the alive
+    workers leave the sync with one anchor (the schedule then counts them up to date
+    and the absent ones stale)."""
     params, *held = new
     fresh = axis.all_gather(alive & ~rejoin)
-    source = jnp.argmax(fresh)
+    donors = jnp.where(jnp.any(fresh), fresh, axis.all_gather(alive))
+    source = jnp.argmax(donors)
     me = axis.axis_index()
-    take = rejoin & alive & jnp.any(fresh)
+    take = rejoin & alive & (me != source)
     own = lambda x: isinstance(x, comm.LINK_STATES)   # each worker keeps its link's state
     copied = jax.tree.map(lambda x: x if own(x) else _from_worker(x, me == source), held,
                           is_leaf=own)

@@ -57,7 +57,9 @@ class SyncSchedule:
       is taken against the current anchor. 'offline' (a worker cut off for the round):
       it sends and receives nothing and keeps its whole state; at its next sync it sends
       its pseudo-gradient against its own (stale) anchor and then copies an up-to-date
-      worker's anchor and outer state (`StepContext.rejoin`). 'discard': it downloads
+      worker's anchor and outer state (`StepContext.rejoin`; when no alive worker is up
+      to date, the lowest-index alive worker's, so that the alive workers leave every
+      sync with one anchor). 'discard': it downloads
       what the others agreed on and adopts it, so its round's local steps are lost.
   """
   num_workers: int

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from hypothesis import example, given, settings, strategies as st
 
 from loco import comm
 from loco import network as network_lib
@@ -76,7 +77,8 @@ def _numpy_replay(alive_rounds, mode: str):
     new_mom = MU * mom + mean                     # each worker's own outer step
     new_anchor = anchor - OUTER_LR * (mean + MU * new_mom)    # Nesterov
     if mode == 'offline':
-      source = np.flatnonzero(alive & ~stale)[0]   # the lowest up-to-date sender
+      # The lowest up-to-date sender; with none alive, the lowest alive one's history.
+      source = np.flatnonzero((alive & ~stale) if (alive & ~stale).any() else alive)[0]
       for i in np.flatnonzero(alive):
         anchor[i], mom[i] = new_anchor[source], new_mom[source]
         x[i] = anchor[i]
@@ -89,18 +91,39 @@ def _numpy_replay(alive_rounds, mode: str):
 
 
 ROUNDS = [(1, 1, 1), (1, 1, 0), (1, 0, 0), (1, 1, 1), (0, 1, 1)]
+# Every alive worker of round 2 is rejoining (0 missed rounds 0 and 1, 1 missed round 1):
+# none is up to date, so the lowest alive one's history wins and 1 copies it.
+NO_FRESH = [(0, 1, 1), (0, 0, 1), (1, 1, 0), (1, 1, 1), (1, 1, 1)]
 
 
+@pytest.mark.parametrize('rounds', [ROUNDS, NO_FRESH], ids=['rounds', 'no_fresh'])
 @pytest.mark.parametrize('mode', ['keep_local', 'offline', 'discard'])
-def test_engine_matches_the_definition(mode):
-  state, _ = _run(ROUNDS, mode)
-  x, anchor, mom = _numpy_replay(ROUNDS, mode)
+def test_engine_matches_the_definition(mode, rounds):
+  state, _ = _run(rounds, mode)
+  x, anchor, mom = _numpy_replay(rounds, mode)
   np.testing.assert_allclose(np.asarray(state.params), x, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(np.asarray(state.anchor), anchor, rtol=1e-5, atol=1e-6)
   momenta = [l for l in jax.tree.leaves(state.outer_state)
              if hasattr(l, 'shape') and l.shape == (M, N)]
   assert len(momenta) == 1
   np.testing.assert_allclose(np.asarray(momenta[0]), mom, rtol=1e-5, atol=1e-6)
+
+
+def test_offline_anchors_are_one_again_after_a_sync_where_no_worker_is_up_to_date():
+  """Absent {0}, then {0, 1}, then {2}, then everyone: at round 2's sync both alive
+  workers are stale. They must leave it with one anchor (and worker 2, rejoining at
+  round 3, copy it), so the all-alive rounds end with a single anchor and momentum."""
+  state, infos = _run(NO_FRESH, 'offline')
+  anchor = np.asarray(state.anchor)
+  np.testing.assert_array_equal(anchor, np.broadcast_to(anchor[0], anchor.shape))
+  mom = [l for l in jax.tree.leaves(state.outer_state) if getattr(l, 'shape', ()) == (M, N)]
+  np.testing.assert_array_equal(mom[0], np.broadcast_to(mom[0][0], (M, N)))
+  # Round 2's sync: worker 0 serves anchor + momentum (2 S) to worker 1 alone.
+  s = N * 4.0
+  sync2 = infos[2 * H + H - 1].wire
+  ring = s            # a ring of two: 2 (2 - 1) / 2 S each
+  np.testing.assert_allclose(np.asarray(sync2.sent), [ring + 2 * s, ring, 0.0])
+  np.testing.assert_allclose(np.asarray(sync2.received), [ring, ring + 2 * s, 0.0])
 
 
 def test_the_three_modes_differ_where_they_should():
@@ -328,3 +351,71 @@ def test_derived_local_steps_in_synchronous_rounds():
 def algorithms_make(name, **kwargs):
   from loco import algorithms
   return algorithms.make(name, optax.sgd(0.1), **kwargs)
+
+
+# Every algorithm whose workers share one anchor (the all-reduce family), each built
+# with short rounds; Streaming with two fragments synced at different steps of a round.
+SHARED_ANCHOR = {
+    'diloco': dict(sync_every=2),
+    'sparseloco': dict(sync_every=2),
+    'muloco': dict(sync_every=2),
+    'streaming_diloco': dict(sync_every=4, num_fragments=2, overlap_steps=0,
+                             compression='none'),
+}
+_STEPS = {}
+
+
+def _shared_anchor_step(name):
+  """(round steps, jitted step, initial state) of `name` on a small block tree, once."""
+  if name not in _STEPS:
+    from loco import algorithms
+    alg = algorithms.make(name, optax.sgd(0.05), **SHARED_ANCHOR[name])
+    params = {'embed': jnp.zeros((2, 4)),
+              'blocks': {i: {'w': jnp.zeros((4, 3)), 'b': jnp.zeros(3)} for i in range(2)}}
+    _STEPS[name] = (alg.round_steps, jax.jit(alg.step),
+                    alg.init(params, 4, jax.random.key(0)))
+  return _STEPS[name]
+
+
+@pytest.mark.parametrize('name', sorted(SHARED_ANCHOR))
+@settings(max_examples=25, deadline=None)
+@example(rounds=[[False, True, True, True], [False, False, True, True],
+                 [True, True, False, False]], seed=0)       # no worker up to date
+@given(rounds=st.lists(st.lists(st.booleans(), min_size=4, max_size=4).filter(any),
+                       min_size=1, max_size=6), seed=st.integers(0, 2**16))
+def test_offline_dropout_keeps_one_shared_anchor(name, rounds, seed):
+  """Under any schedule of offline rounds, the workers alive for a round end it with one
+  anchor, and a round that every worker is alive for ends with one anchor for all."""
+  h, step, state = _shared_anchor_step(name)
+  rng = np.random.default_rng(seed)
+  targets = rng.normal(size=(4, 1)).astype(np.float32)
+  stale = np.zeros(4, bool)
+  ones = np.ones(4, bool)
+  for alive in rounds + [[True] * 4]:
+    alive = np.asarray(alive, bool)
+    for _ in range(h):
+      grads = jax.tree.map(lambda x: x - targets.reshape((4,) + (1,) * (x.ndim - 1)),
+                           state.params)
+      state, _ = step(state, grads, StepContext(active=ones, alive=alive, keep=ones,
+                                                isolate=ones, rejoin=alive & stale))
+    stale = ~alive
+    for leaf in jax.tree.leaves(state.anchor):
+      leaf = np.asarray(leaf)[alive]
+      np.testing.assert_array_equal(leaf, np.broadcast_to(leaf[0], leaf.shape))
+
+
+def test_the_anchor_spread_script_prints_the_reproducer_and_the_count(monkeypatch, capsys):
+  import importlib.util, os
+  path = os.path.join(os.path.dirname(__file__), '..', 'scripts', 'dropout_anchor_spread.py')
+  spec = importlib.util.spec_from_file_location('dropout_anchor_spread', path)
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  monkeypatch.setattr('sys.argv', ['x', '--workers=3', '--rounds=6', '--seeds=0'])
+  script.main()
+  out = capsys.readouterr().out
+  assert out.count('anchor spread 0.000000') == 2          # the two all-alive rounds
+  # Without dropout every sync has an up-to-date worker.
+  assert script.no_fresh_syncs(3, 0.0, 4, 0) == []
+  monkeypatch.setattr('sys.argv', ['x', '--dropout=1.5'])
+  with pytest.raises(SystemExit):
+    script.main()
