@@ -904,7 +904,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help='every phase at CPU sizes (about a minute on 2 cores)')
   parser.add_argument('--phases', default=','.join(PHASES),
                       help=f'a comma-separated subset of {",".join(PHASES)}, run in that order')
-  parser.add_argument('--minutes', type=float, default=None,
+  parser.add_argument('--minutes', type=cli.positive_float, default=None,
                       help='no phase starts after this (default 8; a dry run 15)')
   parser.add_argument('--phase', choices=PHASES, help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
@@ -919,8 +919,6 @@ def main(argv: Sequence[str] | None = None) -> int:
       raise LocoError(f'--phases takes names from {",".join(PHASES)}, got '
                       f'{args.phases!r}.')
     minutes = args.minutes if args.minutes is not None else (15.0 if args.dry_run else 8.0)
-    if not (minutes > 0 and math.isfinite(minutes)):
-      raise LocoError(f'--minutes must be a positive number, got {args.minutes}.')
     folder = os.path.dirname(os.path.abspath(args.out))
     cli.check_output_dir(folder, '--out\'s folder')
     if os.path.isdir(args.out):

@@ -149,6 +149,23 @@ def _probe(out: str, plan: dict[str, Any], batch_runs: int) -> float:
   return (time.time() - t) / steps
 
 
+# plan.json and points.json as launch.scaling writes them: every key it reads back.
+PLAN_FIELDS = {
+    'preset': runs_lib.TEXT, 'params': runs_lib.INT, 'batch': runs_lib.INT,
+    'seq_len': runs_lib.INT, 'h': runs_lib.INT, 'steps': runs_lib.INT,
+    'inner_lrs': runs_lib.NUMBERS, 'seeds': runs_lib.INTS, 'eval_batches': runs_lib.INT,
+    'score_batches': runs_lib.INT, 'batch_runs': runs_lib.INT,
+    'tokens_per_weight': runs_lib.NUMBER,
+    'probe_seconds_per_step': runs_lib.optional(runs_lib.NUMBER)}
+POINTS_FIELDS = {'params': runs_lib.INT, 'tokens_per_weight': runs_lib.NUMBER,
+                 'workers': runs_lib.OBJECT,
+                 'ddp': runs_lib.optional(runs_lib.OBJECT)}
+WORKER_FIELDS = {'gaps': runs_lib.OBJECT, 'gap_mean': ('a number', lambda v: isinstance(
+                     v, (int, float)) and not isinstance(v, bool)),
+                 'gap_ci': runs_lib.optional(runs_lib.pair(runs_lib.NUMBER)),
+                 'predicted': runs_lib.NUMBER}
+
+
 def make_plan(out: str, preset: str, quick: bool, tokens_per_weight: float,
               minutes: float, batch_runs: int, sampling: str | None = None
               ) -> dict[str, Any]:
@@ -158,12 +175,11 @@ def make_plan(out: str, preset: str, quick: bool, tokens_per_weight: float,
   path = os.path.join(out, 'plan.json')
   kept = runs_lib.read_json_object(path)   # a damaged one: one line naming it
   if kept is not None:
-    missing = sorted({'preset', 'params', 'batch', 'seq_len', 'h', 'steps', 'inner_lrs',
-                      'seeds', 'eval_batches', 'score_batches', 'batch_runs',
-                      'tokens_per_weight', 'probe_seconds_per_step'} - set(kept))
-    if missing:
-      raise LocoError(f'{path} is not a launch.scaling plan (no {", ".join(missing)}); '
-                      'delete it to make a new plan.')
+    runs_lib.check_fields(path, kept, PLAN_FIELDS, 'a launch.scaling plan',
+                          'delete it to make a new plan.')
+    if kept['preset'] not in SHAPES:
+      raise LocoError(f'{path} is damaged: preset {kept["preset"]!r} is not one of '
+                      f'{", ".join(SHAPES)}; delete it to make a new plan.')
     if sampling is not None and kept.get('sampling', 'stream') != sampling:
       raise LocoError(f'{path} was planned with data.sampling='
                       f'{kept.get("sampling", "stream")}, not {sampling}; give another '
@@ -282,9 +298,16 @@ def read_points(folder: str) -> dict[str, Any]:
   p = runs_lib.read_json_object(path)
   if p is None:
     raise LocoError(f'{folder} has no points.json (run launch.scaling there first).')
-  if not isinstance(p.get('workers'), dict) or not isinstance(p.get('params'), int):
-    raise LocoError(f'{path} is not a launch.scaling points file (no workers or params); '
-                    'run launch.scaling there again.')
+  again = 'run launch.scaling there again.'
+  runs_lib.check_fields(path, p, POINTS_FIELDS, 'a launch.scaling points file', again)
+  for m, w in p['workers'].items():
+    where = f'{path} (workers.{m})'
+    if not isinstance(w, dict):
+      raise LocoError(f'{where} is damaged: not an object; {again}')
+    runs_lib.check_fields(where, w, WORKER_FIELDS, 'a launch.scaling point', again)
+  if p['ddp'] is not None:
+    runs_lib.check_fields(f'{path} (ddp)', p['ddp'], {'mean': runs_lib.NUMBER},
+                          'a launch.scaling point', again)
   return p
 
 
@@ -332,8 +355,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('--preset', default='tiny', choices=('micro', 'tiny'))
   parser.add_argument('--quick', action='store_true',
                       help='nano model, 12-step runs, 2 seeds: a pipeline check')
-  parser.add_argument('--tokens_per_weight', type=float, default=20.0)
-  parser.add_argument('--minutes', type=float, default=25.0,
+  parser.add_argument('--tokens_per_weight', type=cli.positive_float, default=20.0)
+  parser.add_argument('--minutes', type=cli.positive_float, default=25.0,
                       help='the wall time the study is sized to (default 25)')
   parser.add_argument('--batch_runs', type=cli.positive_int, default=3)
   parser.add_argument('--sampling', choices=('windows', 'stream'),
@@ -351,8 +374,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         read_points(d)
       print(f'overlay: {overlay(args.overlay, os.path.join(args.out, "overlay.png"))}')
       return 0
-    if args.tokens_per_weight <= 0 or args.minutes <= 0:
-      raise LocoError('--tokens_per_weight and --minutes must be positive.')
     clock = os.path.join(args.out, 'seconds.json')
     with study.clocked(clock):
       plan = make_plan(args.out, 'nano' if args.quick else args.preset, args.quick,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import math
 import os
 import signal
 import sys
@@ -45,6 +46,25 @@ def positive_int(text: str) -> int:
     raise argparse.ArgumentTypeError(f'{text!r} is not a whole number') from None
   if value < 1:
     raise argparse.ArgumentTypeError(f'{text!r} must be at least 1')
+  return value
+
+
+def finite_float(text: str) -> float:
+  """An argparse type: a finite number (not nan or inf)."""
+  try:
+    value = float(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'{text!r} is not a number') from None
+  if not math.isfinite(value):
+    raise argparse.ArgumentTypeError(f'{text!r} must be a finite number')
+  return value
+
+
+def positive_float(text: str) -> float:
+  """An argparse type: a finite number > 0."""
+  value = finite_float(text)
+  if value <= 0:
+    raise argparse.ArgumentTypeError(f'{text!r} must be positive')
   return value
 
 

@@ -499,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('paths', nargs='+', metavar='PATH', help='sweep dirs or workdirs')
   parser.add_argument('--out', help='output directory (default: the first PATH if it is '
                       'a sweep dir, else ./report)')
-  parser.add_argument('--target', type=float, help='eval loss for the time-to-target '
+  parser.add_argument('--target', type=cli.finite_float, help='eval loss for the time-to-target '
                       'columns (default: the largest final eval loss of finished runs)')
   args = parser.parse_args(argv)
   return cli.run(PROG, lambda: write_report(args.paths, args.out, args.target) and 0)

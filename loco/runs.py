@@ -108,6 +108,52 @@ def read_json_object(path: str) -> dict[str, Any] | None:
   return value
 
 
+# ---- typed fields: a JSON object a command reads back, checked key by key --------------
+
+def _is_int(v: Any) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# What a field may hold: a name for the message and a test.
+INT = ('a whole number', _is_int)
+NUMBER = ('a finite number', _is_number)
+TEXT = ('a string', lambda v: isinstance(v, str))
+OBJECT = ('an object', lambda v: isinstance(v, dict))
+NUMBERS = ('a list of finite numbers', lambda v: isinstance(v, list) and all(map(_is_number, v)))
+INTS = ('a list of whole numbers', lambda v: isinstance(v, list) and all(map(_is_int, v)))
+
+
+def optional(kind: tuple[str, Any]) -> tuple[str, Any]:
+  """`kind` or null."""
+  return (f'{kind[0]} or null', lambda v: v is None or kind[1](v))
+
+
+def pair(kind: tuple[str, Any]) -> tuple[str, Any]:
+  """Two of `kind`, as a list."""
+  return (f'a pair of {kind[0].removeprefix("a ").removeprefix("an ")}s',
+          lambda v: isinstance(v, list) and len(v) == 2 and all(map(kind[1], v)))
+
+
+def check_fields(path: str, value: Mapping[str, Any], fields: Mapping[str, tuple[str, Any]],
+                 what: str, fix: str) -> None:
+  """Raises RunFileError naming the first key of `fields` that `value` lacks or holds
+  with the wrong type: 'PATH is not WHAT (no k)' or 'PATH is damaged: k is a str, not
+  a whole number', each followed by `fix`."""
+  missing = sorted(k for k in fields if k not in value)
+  if missing:
+    raise RunFileError(f'{path} is not {what} (no {", ".join(missing)}); {fix}')
+  for key, (kind, test) in fields.items():
+    if not test(value[key]):
+      got = 'null' if value[key] is None else f'a {type(value[key]).__name__}'
+      if _is_number(value[key]) or isinstance(value[key], float):
+        got = repr(value[key])
+      raise RunFileError(f'{path} is damaged: {key} is {got}, not {kind}; {fix}')
+
+
 def _check(path: str, ok: bool, what: str) -> None:
   if not ok:
     raise RunFileError(f'{path}: {what}.')

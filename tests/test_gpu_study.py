@@ -197,8 +197,9 @@ def test_a_failed_phase_is_its_error_line(tmp_path):
 @pytest.mark.parametrize('args, says', [
     (['--phases=env,bogus'], '--phases takes names from env,parity'),
     (['--phases=,'], '--phases takes names'),
-    (['--minutes=-1'], '--minutes must be a positive number'),
-    (['--minutes=soon'], "argument --minutes: invalid float value: 'soon'"),
+    (['--minutes=-1'], "argument --minutes: '-1' must be positive"),
+    (['--minutes=nan'], "argument --minutes: 'nan' must be a finite number"),
+    (['--minutes=soon'], "argument --minutes: 'soon' is not a number"),
     (['--bogus'], 'unrecognized arguments: --bogus'),
     (['--out=docs'], '--out docs is a directory'),
     (['--out=README.md/gpu.md'], 'README.md is a file, not a directory'),

@@ -165,6 +165,17 @@ def test_cli_on_workdirs_with_a_given_target(sweep_dir, tmp_path):
   assert missing.stderr.strip() == f'loco.report: error: {tmp_path / "nope"} is not a directory.'
 
 
+@pytest.mark.parametrize('target, says', [('nan', "'nan' must be a finite number"),
+                                           ('-inf', "'-inf' must be a finite number"),
+                                           ('low', "'low' is not a number")])
+def test_a_target_that_is_not_a_finite_number_is_one_line(sweep_dir, target, says):
+  proc = subprocess.run([sys.executable, '-m', 'loco.report', sweep_dir, f'--target={target}'],
+                        cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  assert proc.stderr.splitlines() == [
+      f'loco.report: error: argument --target: {says} (see --help)']
+
+
 def test_cli_on_a_directory_without_runs_fails_and_writes_nothing(tmp_path):
   """Before: exit code 0 and a report.md of zero runs."""
   empty = tmp_path / 'empty'

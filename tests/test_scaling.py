@@ -106,6 +106,43 @@ def test_overlay_and_plan_files_missing_damaged_or_foreign_are_one_line(tmp_path
   assert scaling.main(['--quick', f'--out={tmp_path / "study"}']) == 1
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and 'is not a launch.scaling plan (no batch,' in err[0], err
+  # Every key launch.scaling reads back is checked for its type, in plan.json ...
+  good = dict(preset='nano', quick=True, params=1000, batch=8, seq_len=32, h=3, steps=12,
+              inner_lrs=[1e-3], seeds=[1, 2], eval_batches=4, score_batches=16,
+              batch_runs=3, sampling='windows', tokens_per_weight=3.1,
+              probe_seconds_per_step=None)
+  for key, value, says in (('steps', '12', 'steps is a str, not a whole number'),
+                           ('seeds', [1, 'two'], 'seeds is a list, not a list of whole'),
+                           ('tokens_per_weight', None, 'tokens_per_weight is null'),
+                           ('batch', True, 'batch is a bool, not a whole number'),
+                           ('preset', 'huge', "preset 'huge' is not one of")):
+    (tmp_path / 'study' / 'plan.json').write_text(json.dumps({**good, key: value}))
+    assert scaling.main(['--quick', f'--out={tmp_path / "study"}']) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('launch.scaling: error: ') and says in err[0], err
+  # ... and in points.json, down to each worker count's point.
+  point = dict(gaps={'1': 0.1}, gap_mean=0.1, gap_ci=[0.0, 0.2], predicted=0.05)
+  points = dict(params=1000, tokens_per_weight=3.0, ddp={'mean': 2.0}, workers={'8': point})
+  for bad, says in (({**points, 'params': 1.5}, 'params is 1.5, not a whole number'),
+                    ({**points, 'workers': []}, 'workers is a list, not an object'),
+                    ({**points, 'workers': {'8': 3}}, '(workers.8) is damaged'),
+                    ({**points, 'workers': {'8': {**point, 'gap_ci': [0.1]}}},
+                     'gap_ci is a list, not a pair of finite numbers or null'),
+                    ({**points, 'ddp': {'mean': 'x'}}, '(ddp) is damaged: mean is a str')):
+    (tmp_path / 'points.json').write_text(json.dumps(bad))
+    assert scaling.main(['--overlay', str(tmp_path), f'--out={tmp_path / "o"}']) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+  (tmp_path / 'points.json').write_text(json.dumps(points))
+  assert scaling.main(['--overlay', str(tmp_path), f'--out={tmp_path / "o"}']) == 0
+  capsys.readouterr()
+  # Numbers that are not finite are refused as arguments, in one line.
+  for flag in ('--minutes=nan', '--minutes=-1', '--tokens_per_weight=inf'):
+    with pytest.raises(SystemExit) as stop:
+      scaling.main(['--quick', f'--out={tmp_path / "study"}', flag])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and 'must be' in err[0] and flag.split('=')[0] in err[0], err
 
 
 @pytest.mark.slow
