@@ -131,6 +131,9 @@ def _spec_call(path: str, function: str, missing: Any = None) -> Any:
   module = importlib.util.module_from_spec(module_spec)
   try:
     module_spec.loader.exec_module(module)
+  except SystemExit as e:   # a spec that ends the process would end the sweep silently
+    raise SweepError(f'the sweep spec {path} called sys.exit({e.code!r}) while loading; '
+                     'a spec only defines get_sweep().') from None
   except Exception as e:  # the spec's own error, as one line
     raise SweepError(f'the sweep spec {path} raised {type(e).__name__}: {e}') from None
   if not callable(getattr(module, function, None)):
@@ -141,6 +144,9 @@ def _spec_call(path: str, function: str, missing: Any = None) -> Any:
     return getattr(module, function)()
   except SweepError:
     raise
+  except SystemExit as e:
+    raise SweepError(f'{function}() of {path} called sys.exit({e.code!r}); it must '
+                     'return its value.') from None
   except Exception as e:
     raise SweepError(f'{function}() of {path} raised {type(e).__name__}: {e}') from None
 
@@ -148,10 +154,13 @@ def _spec_call(path: str, function: str, missing: Any = None) -> Any:
 def load_spec(path: str) -> list[Run]:
   """The runs of a spec file (its `get_sweep()`), checked for names and values."""
   runs = _spec_call(path, 'get_sweep')
-  if not isinstance(runs, (list, tuple)):
+  if isinstance(runs, (str, bytes, Mapping, Run)) or not isinstance(runs, Iterable):
     raise SweepError(f'get_sweep() of {path} returned {_short(runs)}; it must return a '
-                     'list of loco.sweep.Run.')
-  runs = list(runs)
+                     'list (or another iterable) of loco.sweep.Run.')
+  try:
+    runs = list(runs)    # a generator's own error, as one line
+  except Exception as e:
+    raise SweepError(f'get_sweep() of {path} raised {type(e).__name__}: {e}') from None
   check_runs(runs)
   return runs
 
@@ -310,6 +319,13 @@ def _die_with_parent():
     pass
 
 
+def batch_tag(runs: Sequence[Run]) -> str:
+  """The file stem of a batch under OUT/.batches: its first run's name with `/` as `%`
+  (a character no run name has, so that `x/y` and `x_y` never share a file) and how
+  many runs follow it."""
+  return f'{runs[0].name.replace("/", "%")}+{len(runs) - 1}'
+
+
 class _Active:
   """A launched process training one run (`loco.main`) or a batch (`loco.batched`): its
   runs' log files and statuses."""
@@ -323,7 +339,7 @@ class _Active:
     else:
       folder = os.path.join(out, BATCHES)
       os.makedirs(folder, exist_ok=True)
-      tag = f'{runs[0].name.replace("/", "_")}+{len(runs) - 1}'
+      tag = batch_tag(runs)
       spec = os.path.join(folder, f'{tag}.json')
       self.results = os.path.join(folder, f'{tag}.results.json')
       self.batch_log = os.path.join(folder, f'{tag}.log')

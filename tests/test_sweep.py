@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -116,6 +117,34 @@ def test_spec_errors_are_one_line_on_the_command_line(tmp_path):
   assert out.stderr.strip().splitlines() == [
       "loco.sweep: error: duplicate run name 'a': every run needs its own workdir."]
   assert not os.path.exists(tmp_path / 'out')
+
+
+def test_a_spec_may_return_any_iterable_of_runs_and_never_ends_the_sweep_silently(tmp_path):
+  """A generator or tuple of runs loads (a generator once was refused); a spec that
+  calls sys.exit, at import or in get_sweep(), or whose generator raises, is one line."""
+  gen = _spec(tmp_path, "(Run(n, 'experiments/tiny_ddp.py') for n in ('a', 'b'))")
+  assert [r.name for r in sweep.load_spec(gen)] == ['a', 'b']
+  assert [r.name for r in sweep.load_spec(_spec(tmp_path, "(Run('t', 'x.py'),)"))] == ['t']
+  for body, says in (("Run('a', 'x.py')", "returned Run(name='a'"),
+                     ("'abc'", "returned 'abc'"),
+                     ("(Run(n, 'x.py') for n in (1 // 0,))", 'raised ZeroDivisionError'),
+                     ("__import__('sys').exit(0)", 'called sys.exit(0); it must return')):
+    with pytest.raises(SweepError, match=re.escape(says)):
+      sweep.load_spec(_spec(tmp_path, body))
+  quits = tmp_path / 'quits.py'
+  quits.write_text('import sys\nsys.exit(0)\n')
+  out = _sweep_cli(str(quits), f'--out={tmp_path / "out"}')
+  assert out.returncode == 2
+  assert out.stderr.splitlines() == [
+      f'loco.sweep: error: the sweep spec {quits} called sys.exit(0) while loading; a spec '
+      'only defines get_sweep().']
+
+
+def test_batch_files_of_names_that_differ_only_in_slash_and_underscore_are_distinct():
+  names = ['x/y', 'x_y', 'a/b_c', 'a_b/c', 'a_b_c', 'a/b/c']
+  tags = {sweep.batch_tag([Run(n, 'c.py'), Run('other', 'c.py')]) for n in names}
+  assert len(tags) == len(names)
+  sweep.check_runs([Run(n, 'c.py') for n in names])      # legal names, distinct workdirs
 
 
 def test_dry_run_checks_configs_and_starts_nothing(tmp_path, nano_file):
