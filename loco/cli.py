@@ -113,6 +113,20 @@ def run(prog: str, body: Callable[[], int | None]) -> int:
     sys.stdout.flush()
 
 
+def exit(code: int) -> NoReturn:   # pylint: disable=redefined-builtin
+  """The one way every command's `__main__` ends: flush, then leave at once. Everything
+  durable is on disk when a command's `main` returns (files written through
+  `workdir.write_json` or closed, checkpoints committed); skipping interpreter shutdown
+  avoids tearing down JAX's, orbax's and grain's threads, which can crash (exit 139) or
+  hang after an interrupt."""
+  for stream in (sys.stdout, sys.stderr):
+    try:
+      stream.flush()
+    except (OSError, ValueError):    # a closed pipe or stream: nothing more to say
+      pass
+  os._exit(code)
+
+
 def check_output_dir(path: str, what: str = '--out') -> None:
   """Raises LocoError unless `path` is (or can be made) a writable directory."""
   if os.path.exists(path) and not os.path.isdir(path):

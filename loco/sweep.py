@@ -671,4 +671,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == '__main__':
   # Run the importable loco.sweep, not this __main__ copy: specs import Run from it.
   from loco import sweep as _sweep
-  sys.exit(_sweep.main())
+  _sweep.cli.exit(_sweep.main())

@@ -132,6 +132,25 @@ def test_byte_tokenizer_roundtrip():
   assert (tok.vocab_size, tok.eos_id) == (257, 256)
 
 
+def test_a_tokenizer_sample_without_text_or_with_little_is_said_in_one_line(tmp_path, capsys):
+  with pytest.raises(errors.DataError, match=r'^the tokenizer sample holds no text'):
+    tokenizers.train_sentencepiece(['', ''], vocab_size=320, output=str(tmp_path / 'e.model'))
+  assert not (tmp_path / 'e.model').exists()
+  few = tmp_path / 'few'
+  few.mkdir()
+  for name in ('a.txt', 'b.txt'):      # the text source splits by file: one for training
+    (few / name).write_text('a small document, said again and again. ' * 20)
+  assert tokenizers.main(['train', '--source=text', f'--text_glob={few}/*.txt',
+                          f'--data_dir={tmp_path / "d"}', '--vocab_size=320',
+                          f'--output={tmp_path / "o.model"}']) == 0
+  captured = capsys.readouterr()
+  assert captured.err.splitlines() == [
+      'note: the tokenizer was trained on only 1 document(s), 800 bytes, for 320 pieces: '
+      'its pieces fit that sample, not a corpus (at least 100 documents and 32,000 bytes '
+      'are advised).']
+  assert captured.out.startswith(f'wrote {tmp_path / "o.model"}: vocab 320')
+
+
 def test_sentencepiece_train_load_roundtrip(tmp_path, text_cfg, text_docs):
   path = str(tmp_path / 'sp.model')
   assert tokenizers.main([

@@ -589,3 +589,25 @@ def test_sigint_to_a_report_blocked_on_its_input(tmp_path):
 def test_the_boundary_itself():
   assert cli.run('loco.x', _interrupt) == 130
   assert cli.run('loco.x', lambda: (_ for _ in ()).throw(RunFileError('x: broken.'))) == 1
+
+
+def test_every_command_ends_through_the_one_exit_path():
+  """Every `python -m` command of loco and launch ends its `__main__` block through
+  `cli.exit` (flush, then leave without interpreter shutdown), as loco.main and
+  loco.batched end through `os._exit`: JAX's and orbax's threads torn down after an
+  interrupt once crashed loco.evaluate's exit (139 after the right line)."""
+  import ast
+  import glob
+  found = []
+  for path in sorted(glob.glob(os.path.join(REPO, 'loco', '**', '*.py'), recursive=True)
+                     + glob.glob(os.path.join(REPO, 'launch', '*.py'))):
+    tree = ast.parse(open(path).read())
+    for node in tree.body:
+      if (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+          and getattr(node.test.left, 'id', None) == '__name__'):
+        block = ast.unparse(node)
+        found.append(os.path.relpath(path, REPO))
+        assert 'cli.exit(' in block or 'os._exit(' in block or 'app.run(' in block, (
+            f'{path}: {block}')
+  assert {'loco/evaluate.py', 'loco/report.py', 'loco/sweep.py', 'loco/retime.py',
+          'launch/claims.py', 'launch/scaling.py', 'loco/data/prepare.py'} <= set(found)

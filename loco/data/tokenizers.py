@@ -24,6 +24,7 @@ from etils import epath
 import numpy as np
 import sentencepiece as spm
 
+from loco import cli
 from loco import errors
 from loco.data import config as config_lib
 
@@ -194,9 +195,16 @@ def train_sentencepiece(
     raise errors.ConfigError(
         f"model_type is {model_type!r}; allowed values: bpe, unigram.")
   model = io.BytesIO()
+  seen = [0]      # characters handed to the trainer
+
+  def counted() -> Iterator[str]:
+    for chunk in _chunks(texts, max_bytes):
+      seen[0] += len(chunk)
+      yield chunk
+
   try:
     spm.SentencePieceTrainer.train(
-        sentence_iterator=_chunks(texts, max_bytes),
+        sentence_iterator=counted(),
         model_writer=model,
         vocab_size=vocab_size,
         model_type=model_type,
@@ -213,6 +221,9 @@ def train_sentencepiece(
         minloglevel=2,
     )
   except RuntimeError as e:
+    if not seen[0]:
+      raise errors.DataError('the tokenizer sample holds no text (no documents, or only '
+                             'empty ones): point it at a source with text.') from None
     raise errors.DataError(
         f'SentencePiece training failed for vocab_size {vocab_size}: {e}'
     ) from e
@@ -241,7 +252,18 @@ def train_on_documents(docs, *, vocab_size: int, output: str, model_type: str,
   tok = train_sentencepiece(texts(), vocab_size=vocab_size, output=output,
                             model_type=model_type, max_bytes=max_bytes,
                             num_threads=num_threads)
+  if used[0] < SMALL_SAMPLE_DOCS or used[1] < SMALL_SAMPLE_BYTES_PER_PIECE * vocab_size:
+    print(f'note: the tokenizer was trained on only {used[0]:,} document(s), '
+          f'{used[1]:,} bytes, for {vocab_size:,} pieces: its pieces fit that sample, not '
+          f'a corpus (at least {SMALL_SAMPLE_DOCS} documents and '
+          f'{SMALL_SAMPLE_BYTES_PER_PIECE * vocab_size:,} bytes are advised).',
+          file=sys.stderr)
   return tok, used[0], used[1], time.time() - start
+
+
+# Below these a trained vocabulary fits its sample rather than the corpus: say so.
+SMALL_SAMPLE_DOCS = 100
+SMALL_SAMPLE_BYTES_PER_PIECE = 100
 
 
 def _train_main(args: argparse.Namespace) -> None:
@@ -280,13 +302,8 @@ def main(argv: list[str] | None = None) -> int:
   train.add_argument('--num_threads', type=int, default=2)
   train.add_argument('--output', required=True)
   args = parser.parse_args(argv)
-  try:
-    _train_main(args)
-  except errors.LocoError as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 2
-  return 0
+  return cli.run('loco.data.tokenizers', lambda: _train_main(args))
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  cli.exit(main())
