@@ -10,7 +10,8 @@ together. The training loop (`make_evaluator`) scores the mean of the workers' m
 every `eval.every` steps; this command scores the mean model of a run's latest
 checkpoint on as many windows as asked and writes RUN/evals/SPLIT_BATCHESxBATCH_SIZE.json:
 
-  {step, split, batches, batch_size, loss, se (clustered by document), se_iid (over
+  {step, diverged (diverged.json's {step, message} if the run diverged, else null),
+   split, batches, batch_size, loss, se (clustered by document), se_iid (over
    windows), documents (touched), split_documents, per_batch, window_losses, window_docs}
 
 Runs of the same data and seq_len are scored on the same windows, so two of them compare
@@ -174,7 +175,10 @@ def evaluate_run(workdir: str, batches: int = 512, batch_size: int = 16,
                     f'{split}: it diverged.')
   summary = summarize(losses, windows.docs)
   flat = losses.ravel()
-  result = dict(step=step, split=split, batches=batches, batch_size=batch_size,
+  # A run that diverged keeps its last good checkpoint: scored, and said to be that.
+  diverged = runs_lib.read_diverged(workdir)
+  result = dict(step=step, diverged=diverged, split=split, batches=batches,
+                batch_size=batch_size,
                 loss=summary['eval_loss'], se=summary.get('eval_loss_se'),
                 se_iid=(float(flat.std(ddof=1) / math.sqrt(flat.size)) if flat.size > 1
                         else None),
@@ -190,7 +194,10 @@ def evaluate_run(workdir: str, batches: int = 512, batch_size: int = 16,
 
 def _describe(run: str, r: dict[str, Any]) -> str:
   se = 'n/a (one document)' if r['se'] is None else f'{r["se"]:.4f}'
-  return (f'{run}: step {r["step"]}, eval loss {r["loss"]:.4f} ± {se} (SE clustered by '
+  what = (f'step {r["step"]}' if not r.get('diverged') else
+          f'step {r["step"]}, its last good checkpoint (the run diverged at step '
+          f'{r["diverged"]["step"]}: not a finished run)')
+  return (f'{run}: {what}, eval loss {r["loss"]:.4f} ± {se} (SE clustered by '
           f'document; {r["batches"]} batches of {r["batch_size"]} windows from '
           f'{r["documents"]} of {r["split_documents"]} documents of {r["split"]})')
 

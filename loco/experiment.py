@@ -58,6 +58,10 @@ class RunConfig:
     if self.init_inner_state not in INNER_STATES:
       raise ConfigError(f'init_inner_state must be one of {INNER_STATES}, got '
                         f'{self.init_inner_state!r}.')
+    if self.init_inner_state != 'fresh' and not self.init_from:
+      raise ConfigError(f'init_inner_state={self.init_inner_state} carries the inner state '
+                        'of a warm start; it needs init_from (the run or checkpoint to '
+                        'start from).')
     if self.grad_mode not in axis.GRAD_MODES:
       raise ConfigError(f'grad_mode must be one of {axis.GRAD_MODES}, got '
                         f'{self.grad_mode!r}.')

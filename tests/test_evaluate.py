@@ -15,7 +15,7 @@ from loco.metrics import read_metrics
 
 
 def test_rescoring_a_run_on_its_own_eval_windows_gives_its_logged_eval_loss(
-    nano_config, tmp_path):
+    nano_config, tmp_path, capsys):
   """The mean model of the last checkpoint on the run's eval windows is the run's last
   logged eval (the same windows, the same averaged model); more windows differ."""
   c = nano_config
@@ -41,6 +41,16 @@ def test_rescoring_a_run_on_its_own_eval_windows_gives_its_logged_eval_loss(
   path = evaluate.result_path(workdir, c.data.eval_split, 8, 4)
   assert evaluate.main([workdir, '--batches=8', '--batch_size=4']) == 0
   assert json.load(open(path))['per_batch'] == pytest.approx(more['per_batch'], abs=1e-6)
+  assert json.load(open(path))['diverged'] is None
+  # A run that diverged is scored at its last good checkpoint, and says so.
+  with open(os.path.join(workdir, 'diverged.json'), 'w') as f:
+    json.dump({'step': 12, 'message': 'train loss nan at step 12'}, f)
+  assert evaluate.main([workdir, '--batches=8', '--batch_size=4']) == 0
+  assert json.load(open(path))['diverged'] == {'step': 12,
+                                               'message': 'train loss nan at step 12'}
+  line = capsys.readouterr().out.splitlines()[-1]
+  assert line.startswith(f'{workdir}: step 10, its last good checkpoint (the run diverged '
+                         'at step 12: not a finished run), eval loss '), line
 
 
 def test_the_eval_keeps_each_windows_loss_and_clusters_its_se_by_document():

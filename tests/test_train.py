@@ -258,5 +258,10 @@ def test_warm_start_errors_are_one_line_and_leave_no_workdir(nano_config, tmp_pa
   nano_config.model.d_model, nano_config.init_inner_state = None, 'kept'
   with pytest.raises(ConfigError, match="init_inner_state must be one of"):
     train.run(nano_config, str(tmp_path / 'run'))
+  # Carrying an inner state without a warm start once did nothing and said nothing.
+  nano_config.init_from, nano_config.init_inner_state = '', 'carried'
+  with pytest.raises(ConfigError, match=r'^init_inner_state=carried .* needs init_from'):
+    train.run(nano_config, str(tmp_path / 'run'))
+  assert not os.path.exists(tmp_path / 'run')
 
 
