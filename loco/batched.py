@@ -251,7 +251,7 @@ def _train_group(runs: list[_Run], start: int) -> None:
         for i in list(done):
           one = run_axis.unstack(states, i)
           try:
-            if not bool(check_finite(one.params)):
+            if not bool(check_finite((one.params, one.anchor))):
               books[i][2].diverged(step, f'the parameters became non-finite by step {step}')
           except DivergenceError as e:
             runs[i].end('diverged', str(e))

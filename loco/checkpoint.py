@@ -33,12 +33,16 @@ from typing import Any, Callable
 
 from absl import logging as absl_logging
 import jax
+import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
 from loco.errors import CheckpointError, ConfigError
 from loco import runs
 from loco.runs import CHECKPOINTS
+
+# The leaves of a state that hold a model (the workers' params and anchors), by path.
+_MODEL = re.compile(r'\.(params|anchor)\b')
 
 PyTree = Any
 ITEMS = ('state', 'data', 'host')
@@ -293,6 +297,17 @@ class Checkpointer:
     if any(getattr(x, 'shape', None) != y.shape for x, y in zip(leaves, jax.tree.leaves(like))):
       raise CheckpointError(f'the checkpoint at {path} does not match this run\'s state '
                             '(model, algorithm or worker count differ); use a new workdir.')
+    # A model saved while it was diverging would diverge again at once, and the message
+    # would call it the last good checkpoint: refuse it here, naming it.
+    flat = jax.tree_util.tree_flatten_with_path(like)[0]
+    bad = [jax.tree_util.keystr(p) for (p, _), x in zip(flat, leaves)
+           if _MODEL.search(jax.tree_util.keystr(p))
+           and jnp.issubdtype(x.dtype, jnp.floating) and not bool(jnp.all(jnp.isfinite(x)))]
+    if bad:
+      raise CheckpointError(f'the checkpoint at {path} holds non-finite values ({bad[0]}'
+                            f'{f" and {len(bad) - 1} more" if len(bad) > 1 else ""}): it '
+                            'was saved from a diverging model; move it away to resume from '
+                            'an earlier one, or use a new workdir.')
     state = jax.tree.unflatten(jax.tree.structure(like), leaves)
     return state, dict(restored['data']), dict(restored['host'])
 

@@ -154,7 +154,7 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
       # The row first, then the checkpoint: a checkpoint never exists without its row.
       _emit(writer, progress, record, step_seconds)
       if boundary_ckpt:
-        if not bool(check_finite(state.params)):
+        if not bool(check_finite((state.params, state.anchor))):
           diverged(step, f'the parameters became non-finite by step {step}')
         checkpointer.save(step, state, placement.every_position(data_state),
                           ledger.state_dict())

@@ -29,7 +29,7 @@ from loco import train
 from loco import workdir as workdir_lib
 from loco.checkpoint import Checkpointer
 from loco.engine import Algorithm
-from loco.errors import (ConfigError, DivergenceError, Interrupted, LocoError,
+from loco.errors import (CheckpointError, ConfigError, DivergenceError, Interrupted, LocoError,
                          WorkdirError)
 from loco.metrics import TIMING_KEYS, read_metrics
 
@@ -438,6 +438,37 @@ def test_divergence_is_recorded_and_keeps_the_good_checkpoint(nano_config, tmp_p
   assert row['status'] == 'diverged' and row['error'].startswith(why)
   with pytest.raises(DivergenceError, match='diverged at step 14 .*would diverge again'):
     train.run(nano_config, workdir)
+
+
+def test_a_checkpoint_with_a_non_finite_model_is_never_written_nor_resumed(
+    nano_config, tmp_path, monkeypatch):
+  """The params turn NaN at step 10, a checkpoint step: the save is refused (the run is
+  diverged at 10, checkpoint 5 kept). A checkpoint holding NaN written anyway (here with
+  the save check switched off, as by an earlier loco) is refused on resume by name,
+  instead of being resumed and called the last good one when the run diverges again."""
+  monkeypatch.setitem(algorithms.REGISTRY, 'sabotaged',
+                      algorithms.AlgorithmSpec(_sabotaged(float('nan'), 10)))
+  nano_config.algorithm.name = 'sabotaged'
+  nano_config.checkpoint.every = 5
+  workdir = str(tmp_path / 'run')
+  with pytest.raises(DivergenceError, match=r'^the parameters became non-finite by step '
+                                            r'10; the last good checkpoint \(step 5\)'):
+    train.run(nano_config, workdir)
+  assert sorted(d for d in os.listdir(os.path.join(workdir, 'checkpoints'))
+                if d.isdigit()) == ['5']
+  from loco import step as step_lib
+  monkeypatch.setattr(step_lib, 'all_finite', lambda tree: jnp.bool_(True))
+  poisoned = str(tmp_path / 'poisoned')
+  with pytest.raises(DivergenceError):
+    train.run(nano_config, poisoned)
+  assert '10' in os.listdir(os.path.join(poisoned, 'checkpoints'))
+  os.remove(os.path.join(poisoned, 'diverged.json'))
+  monkeypatch.undo()
+  monkeypatch.setitem(algorithms.REGISTRY, 'sabotaged',
+                      algorithms.AlgorithmSpec(_sabotaged(float('nan'), 10)))
+  with pytest.raises(CheckpointError, match=r'checkpoints/(10|15|20) holds non-finite values '
+                                            r"\(\.params\['.*it was saved from a diverging"):
+    train.run(nano_config, poisoned)
 
 
 def test_the_loss_rule_waits_until_the_model_has_learned():
