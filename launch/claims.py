@@ -1043,9 +1043,7 @@ def write_page(out: str, scale: Scale, page: str, figures: str,
       *details,
   ])
   os.makedirs(os.path.dirname(page) or '.', exist_ok=True)
-  with open(page + '.tmp', 'w') as f:
-    f.write(text + '\n')
-  os.replace(page + '.tmp', page)
+  runs_lib.write_atomic(page, text + '\n')
   return page
 
 

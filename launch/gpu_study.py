@@ -56,6 +56,7 @@ import traceback
 from typing import Any, Callable, Mapping, Sequence
 
 from loco import cli
+from loco import runs as runs_lib
 from loco.errors import LocoError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -175,10 +176,7 @@ class Results:
 
 
 def _write_json(path: str, data: Any) -> None:
-  tmp = f'{path}.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(data, f, indent=1, default=float)
-  os.replace(tmp, path)
+  runs_lib.write_atomic(path, json.dumps(data, indent=1, default=float), sync=False)
 
 
 def _read_json(path: str) -> dict[str, Any]:
@@ -784,10 +782,7 @@ def _mesh_section(m: Mapping[str, Any]) -> list[str]:
 
 
 def write_page(path: str, text: str) -> None:
-  tmp = f'{path}.tmp'
-  with open(tmp, 'w') as f:
-    f.write(text)
-  os.replace(tmp, path)
+  runs_lib.write_atomic(path, text)
 
 
 def _save(out: str, results, status, meta) -> None:

@@ -227,12 +227,8 @@ class WandbSink:
 
 def write_jsonl(path: str, records: Iterable[Any]) -> None:
   """Writes one JSON value per line through a temporary file and a rename."""
-  tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    f.writelines(json.dumps(r) + '\n' for r in records)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  from loco import runs   # pylint: disable=g-import-not-at-top
+  runs.write_atomic(path, ''.join(json.dumps(r) + '\n' for r in records))
 
 
 def append_jsonl(file: IO[str], records: Iterable[Any]) -> None:

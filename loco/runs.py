@@ -25,10 +25,12 @@ the last metrics step against the configured steps), never from the wording of a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
+import tempfile
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 from loco import wire as wire_lib
@@ -79,6 +81,45 @@ def _is_int(x: Any) -> bool:
   return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _umask() -> int:
+  mask = os.umask(0)
+  os.umask(mask)
+  return mask
+
+
+_UMASK = _umask()
+
+
+def write_atomic(path: str, data: str | bytes, *, sync: bool = True) -> None:
+  """Writes `path` whole or not at all: into a new file with a unique name in the same
+  directory, created exclusively (so a link planted at a predictable name is never
+  followed), synced, then renamed over `path` (a link at `path` itself is replaced, not
+  followed). The file gets the usual permissions (0666 less the umask)."""
+  try:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or '.',
+                               prefix=f'.{os.path.basename(path)}.', suffix='.tmp')
+  except OSError as e:     # name the file the caller asked for, not the random one
+    raise OSError(e.errno, e.strerror, path) from e
+  try:
+    os.fchmod(fd, 0o666 & ~_UMASK)
+    with os.fdopen(fd, 'wb') as f:
+      f.write(data.encode() if isinstance(data, str) else data)
+      f.flush()
+      if sync:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except OSError as e:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    if e.filename in (None, tmp):     # name the file the caller asked for
+      raise OSError(e.errno, e.strerror, path) from e
+    raise
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise
+
+
 def read_text(path: str) -> str | None:
   """The file's text, None if it does not exist; unreadable: RunFileError."""
   try:
@@ -110,20 +151,16 @@ def read_json_object(path: str) -> dict[str, Any] | None:
 
 # ---- typed fields: a JSON object a command reads back, checked key by key --------------
 
-def _is_int(v: Any) -> bool:
-  return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+def _is_finite(v: Any) -> bool:
+  return _is_number(v) and math.isfinite(v)
 
 
 # What a field may hold: a name for the message and a test.
 INT = ('a whole number', _is_int)
-NUMBER = ('a finite number', _is_number)
+NUMBER = ('a finite number', _is_finite)
 TEXT = ('a string', lambda v: isinstance(v, str))
 OBJECT = ('an object', lambda v: isinstance(v, dict))
-NUMBERS = ('a list of finite numbers', lambda v: isinstance(v, list) and all(map(_is_number, v)))
+NUMBERS = ('a list of finite numbers', lambda v: isinstance(v, list) and all(map(_is_finite, v)))
 INTS = ('a list of whole numbers', lambda v: isinstance(v, list) and all(map(_is_int, v)))
 
 
@@ -149,7 +186,7 @@ def check_fields(path: str, value: Mapping[str, Any], fields: Mapping[str, tuple
   for key, (kind, test) in fields.items():
     if not test(value[key]):
       got = 'null' if value[key] is None else f'a {type(value[key]).__name__}'
-      if _is_number(value[key]) or isinstance(value[key], float):
+      if _is_finite(value[key]) or isinstance(value[key], float):
         got = repr(value[key])
       raise RunFileError(f'{path} is damaged: {key} is {got}, not {kind}; {fix}')
 

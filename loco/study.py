@@ -453,9 +453,7 @@ def add_seconds(clock: str, seconds: float) -> float:
   """Adds this invocation's `seconds` to the study's clock file (written atomically);
   returns the total."""
   total = read_seconds(clock, 0.0) + seconds
-  with open(clock + '.tmp', 'w') as f:
-    f.write(str(total))
-  os.replace(clock + '.tmp', clock)
+  runs_lib.write_atomic(clock, str(total))
   return total
 
 

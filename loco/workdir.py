@@ -19,6 +19,7 @@ from typing import Any
 
 from loco.errors import WorkdirError
 from loco.metrics import read_metrics
+from loco import runs as runs_lib
 from loco.runs import CONFIG, DIVERGED, LOCK  # noqa: F401  (the names live in loco.runs)
 
 # Keys (or prefixes ending in '.') whose change does not alter what a run computes.
@@ -46,12 +47,7 @@ def _may_change(key: str) -> bool:
 
 def write_json(path: str, data: Any) -> None:
   """Writes JSON through a temporary file and a rename: a crash leaves old or new."""
-  tmp = f'{path}.tmp'
-  with open(tmp, 'w') as f:
-    json.dump(data, f, indent=2, default=str)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  runs_lib.write_atomic(path, json.dumps(data, indent=2, default=str))
 
 
 def read_json(path: str) -> Any:

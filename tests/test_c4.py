@@ -178,6 +178,39 @@ def test_a_foreign_file_and_a_bad_source_are_one_line(tmp_path):
     c4.find_shards(str(tmp_path))
 
 
+@pytest.mark.parametrize('where', ['write', 'close'])
+def test_a_full_disk_while_writing_a_shard_is_one_line_and_leaves_no_part(
+    tmp_path, monkeypatch, capsys, where):
+  """The ArrayRecord writer reports a full disk as a C++ status (a RuntimeError): the
+  command says so in one line naming the shard, and no half-written file is left."""
+  from array_record.python import array_record_module
+  real = array_record_module.ArrayRecordWriter
+
+  class Full:
+    def __init__(self, path, options):
+      self._w = real(path, options)
+
+    def write(self, record):
+      if where == 'write':
+        raise RuntimeError('INTERNAL: ... No space left on device; writing ...')
+      self._w.write(record)
+
+    def close(self):
+      self._w.close()
+      if where == 'close':
+        raise RuntimeError('INTERNAL: flush failed: No space left on device')
+
+  monkeypatch.setattr(array_record_module, 'ArrayRecordWriter', Full)
+  write_c4_shards(str(tmp_path / 'src'), train_shards=1, docs=3)
+  out = str(tmp_path / 'tfds')
+  assert prepare_cli.main(['c4', f'--source={tmp_path / "src"}', f'--data_dir={out}']) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f'loco.data.prepare c4: error: {out}/loco_c4/en/1.0.0/'
+                 'loco_c4-train.array_record-00000: the disk is full']
+  leftovers = [n for _, _, files in os.walk(out) for n in files if '.tmp' in n]
+  assert leftovers == []
+
+
 def test_a_second_prepare_on_the_same_folder_is_refused(prepared, tmp_path):
   import fcntl
   data_dir = str(tmp_path / 'tfds')

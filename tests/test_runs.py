@@ -482,9 +482,10 @@ def _spec_file(tmp_path, body):
 
 
 @pytest.mark.parametrize('body,message', [
-    ('None', 'returned None; it must return a list of loco.sweep.Run.'),
+    ('None', 'returned None; it must return a list (or another iterable) of '
+             'loco.sweep.Run.'),
     ("Run('a', 'x.py')", "returned Run(name='a', config='x.py', overrides={}); it must "
-                          'return a list of loco.sweep.Run.'),
+                          'return a list (or another iterable) of loco.sweep.Run.'),
     ("[Run(3, 'x.py')]", 'run name 3 must be a string (its workdir under --out), not int.'),
     ("[Run('/abs', 'x.py')]", "run name '/abs' must be letters, digits and _.,=+-"),
     ("[Run('a/./b', 'x.py')]", "run name 'a/./b' must be letters, digits and _.,=+-"),
@@ -611,3 +612,37 @@ def test_every_command_ends_through_the_one_exit_path():
             f'{path}: {block}')
   assert {'loco/evaluate.py', 'loco/report.py', 'loco/sweep.py', 'loco/retime.py',
           'launch/claims.py', 'launch/scaling.py', 'loco/data/prepare.py'} <= set(found)
+
+
+def test_atomic_writes_never_follow_a_planted_link(tmp_path):
+  """Every JSON and page loco writes goes through `runs.write_atomic`: a link planted at
+  the old fixed temporary name (PATH.tmp) or at any other name is never written through;
+  the file gets the usual permissions; a failed write leaves the old file and no part."""
+  from loco import metrics
+  from loco import workdir as workdir_lib
+  outside = tmp_path / 'outside.txt'
+  outside.write_text('keep me')
+  run = tmp_path / 'run'
+  run.mkdir()
+  target = run / 'status.json'
+  (run / 'status.json.tmp').symlink_to(outside)
+  workdir_lib.write_json(str(target), {'state': 'finished'})
+  metrics.write_jsonl(str(run / 'rows.jsonl'), [{'step': 1}])
+  (run / 'rows.jsonl.tmp').symlink_to(outside)
+  metrics.write_jsonl(str(run / 'rows.jsonl'), [{'step': 2}])
+  assert outside.read_text() == 'keep me'
+  assert json.loads(target.read_text()) == {'state': 'finished'}
+  assert (run / 'rows.jsonl').read_text() == '{"step": 2}\n'
+  mask = os.umask(0)
+  os.umask(mask)
+  assert os.stat(target).st_mode & 0o777 == 0o666 & ~mask
+  # A link at the destination itself is replaced by the file, not written through.
+  (run / 'page.md').symlink_to(outside)
+  runs.write_atomic(str(run / 'page.md'), 'page')
+  assert not os.path.islink(run / 'page.md') and outside.read_text() == 'keep me'
+  # A failure names the destination and leaves no temporary file behind.
+  with pytest.raises(OSError) as failed:
+    runs.write_atomic(str(run / 'missing' / 'x.json'), '{}')
+  assert failed.value.filename == str(run / 'missing' / 'x.json')
+  assert sorted(p.name for p in run.iterdir()) == [
+      'page.md', 'rows.jsonl', 'rows.jsonl.tmp', 'status.json', 'status.json.tmp']

@@ -27,6 +27,7 @@ both splits is done, so a half-prepared dataset is never readable.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import fcntl
 import gzip
 import json
@@ -324,10 +325,20 @@ def _read_state(path: str) -> dict[str, Any]:
 
 
 def _write_json(path: str, value: Any) -> None:
-  tmp = f'{path}.tmp{os.getpid()}'
-  with open(tmp, 'w') as f:
-    json.dump(value, f, indent=1, sort_keys=True)
-  os.replace(tmp, path)
+  from loco import runs   # pylint: disable=g-import-not-at-top
+  runs.write_atomic(path, json.dumps(value, indent=1, sort_keys=True))
+
+
+def _writer_error(e: Exception, out: str) -> Exception:
+  """An ArrayRecord writer's failure (a C++ status as RuntimeError or ValueError) as an
+  OSError naming the shard: ENOSPC for a full disk, so that it reads as one line."""
+  text = str(e)
+  if 'No space left' in text or 'ENOSPC' in text:
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), out)
+  if 'Read-only file system' in text:
+    return OSError(errno.EROFS, os.strerror(errno.EROFS), out)
+  first = (text.strip().splitlines() or [type(e).__name__])[0][:200]
+  return OSError(errno.EIO, f'writing the shard failed ({first})', out)
 
 
 def prepare(source: str, data_dir: str, *, max_shards: int | None = None,
@@ -411,19 +422,35 @@ def _prepare_locked(shards: dict[str, list[Shard]], path: str, builder: LocoC4,
           continue
         out = _shard_file(path, key)
         tmp = f'{out}.tmp{os.getpid()}'
+        if os.path.lexists(tmp):    # whatever sits at the name (a planted link): gone
+          os.remove(tmp)
         t0 = time.time()
         docs = nbytes = shown = 0
-        writer = array_record_module.ArrayRecordWriter(tmp, 'group_size:1')
+        try:
+          writer = array_record_module.ArrayRecordWriter(tmp, 'group_size:1')
+        except (RuntimeError, ValueError) as e:
+          raise _writer_error(e, out) from None
         try:
           for record, size in read_shard(shard):
-            writer.write(features.serialize_example(record))
+            try:
+              writer.write(features.serialize_example(record))
+            except (RuntimeError, ValueError) as e:
+              raise _writer_error(e, out) from None
             docs += 1
             nbytes += size
             if docs % 1000 == 0:
               bar.update(1000, nbytes - shown, f'{split} {name}')
               shown = nbytes
-        finally:
+        except BaseException:
+          try:
+            writer.close()
+          except (RuntimeError, ValueError):   # the error on its way out is the one
+            pass
+          raise
+        try:
           writer.close()
+        except (RuntimeError, ValueError) as e:
+          raise _writer_error(e, out) from None
         bar.update(docs % 1000, nbytes - shown, f'{split} {name}')
         if not docs:
           os.remove(tmp)
