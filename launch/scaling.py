@@ -144,6 +144,8 @@ def _probe(out: str, plan: dict[str, Any], batch_runs: int) -> float:
   t = time.time()
   code = sweep.run_sweep(runs, os.path.join(out, 'probe'), report=False,
                          batch_runs=batch_runs, stream=open(os.devnull, 'w'))
+  if code == 130:      # Ctrl-C or SIGTERM during the probe: an interrupt, not a failure
+    raise KeyboardInterrupt
   if code:
     raise LocoError(f'the sizing probe failed (see {os.path.join(out, "probe")}).')
   return (time.time() - t) / steps

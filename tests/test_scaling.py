@@ -145,6 +145,20 @@ def test_overlay_and_plan_files_missing_damaged_or_foreign_are_one_line(tmp_path
     assert len(err) == 1 and 'must be' in err[0] and flag.split('=')[0] in err[0], err
 
 
+def test_an_interrupted_probe_is_an_interrupt_not_a_failure(tmp_path, capsys, monkeypatch):
+  """SIGTERM or Ctrl-C during the sizing probe (its sweep returns 130) stops the study
+  with the stopped line and exit 130; a probe that fails is still an error."""
+  from loco import sweep
+  monkeypatch.setattr(scaling, '_params', lambda preset: 426_752)
+  for code, exit_code, says in ((130, 130, 'launch.scaling: stopped: interrupted'),
+                                (1, 1, 'launch.scaling: error: the sizing probe failed')):
+    monkeypatch.setattr(sweep, 'run_sweep', lambda *a, code=code, **k: code)
+    assert scaling.main(['--preset=micro', f'--out={tmp_path / "s"}']) == exit_code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(says), err
+    assert not (tmp_path / 's' / 'plan.json').exists()
+
+
 @pytest.mark.slow
 def test_the_quick_study_runs_end_to_end(tmp_path, in_repo):
   out = str(tmp_path / 'quick')
