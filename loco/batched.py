@@ -320,6 +320,16 @@ def _read_runs(path: str) -> list[dict[str, Any]]:
       for r in runs)):
     raise UsageError(f'the runs file {path} must be a non-empty list of '
                      '{"workdir": DIR, "argv": ["--config=FILE", ...]}.')
+  seen: dict[str, str] = {}
+  for i, r in enumerate(runs):
+    if not r['workdir'].strip():
+      raise UsageError(f'the runs file {path} gives run {i} an empty workdir; every run '
+                       'needs its own directory.')
+    real = os.path.realpath(r['workdir'])
+    if real in seen:      # the same directory twice (one name may be a link)
+      raise UsageError(f'the runs file {path} names one directory twice: {seen[real]} and '
+                       f'{r["workdir"]} are both {real}; every run needs its own workdir.')
+    seen[real] = r['workdir']
   return runs
 
 

@@ -319,6 +319,18 @@ def _die_with_parent():
     pass
 
 
+def check_inside(out: str, name: str) -> None:
+  """Raises SweepError if run `name`'s directory under `out`, or a folder on the way to
+  it, is a link: a sweep writes its runs inside `out` only (a link would send a run's
+  writes, and its resume's pruning, somewhere else)."""
+  path = out
+  for part in name.split('/'):
+    path = os.path.join(path, part)
+    if os.path.islink(path):
+      raise SweepError(f'{path} is a link (to {os.readlink(path)}); a sweep writes its '
+                       f'runs inside {out} only: move the run there or remove the link.')
+
+
 def batch_tag(runs: Sequence[Run]) -> str:
   """The file stem of a batch under OUT/.batches: its first run's name with `/` as `%`
   (a character no run name has, so that `x/y` and `x_y` never share a file) and how
@@ -484,6 +496,8 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
     raise SweepError(f'--batch_runs must be >= 1, got {batch_runs}.')
   if not dry_run:
     cli.check_output_dir(out)     # a file or a read-only place: one line, nothing started
+  for r in runs:
+    check_inside(out, r.name)
   cmds = {r.name: command(r, os.path.join(out, r.name), extra) for r in runs}
   plans = {r.name: _plan(r, cmds[r.name], os.path.join(out, r.name), retry_failed)
            for r in runs}

@@ -76,6 +76,7 @@ class Workdir:
       raise WorkdirError(f'the workdir {self.path} is a file, not a directory; pick '
                          'another --workdir.')
     self._created = not os.path.exists(self.path)
+    self._refuse_links()
     try:
       os.makedirs(self.path, exist_ok=True)
       if self._lock:
@@ -85,6 +86,21 @@ class Workdir:
       raise WorkdirError(f'cannot use the workdir {self.path}: {e.strerror or e}.') from e
     return self
 
+  def _refuse_links(self) -> None:
+    """The rule for links: a workdir may itself be a link (it is followed, and the lock
+    is taken on its target), but nothing inside it may be: loco writes, replaces and
+    prunes only inside a run's own directory, which its lock covers, so a link there
+    (a `checkpoints/` into another run) is refused."""
+    if not os.path.isdir(self.path):
+      return
+    links = sorted(name for name in os.listdir(self.path)
+                   if os.path.islink(os.path.join(self.path, name)))
+    if links:
+      where = os.path.join(self.path, links[0])
+      raise WorkdirError(f'the workdir {self.path} holds a link, {links[0]} -> '
+                         f'{os.readlink(where)}; loco writes only inside a run\'s own '
+                         'directory: replace the link by the files, or use another workdir.')
+
   def _take_lock(self) -> None:
     f = open(os.path.join(self.path, LOCK), 'a+')
     try:
@@ -93,6 +109,10 @@ class Workdir:
       f.seek(0)
       holder = f.read().strip() or 'unknown'
       f.close()
+      if holder == str(os.getpid()):
+        raise WorkdirError(f'the workdir {self.path} is already a workdir of this process: '
+                           'two runs of one batch reach the same directory (one through a '
+                           'link); give each run its own workdir.') from None
       raise WorkdirError(f'the workdir {self.path} is in use by another loco run '
                          f'(process {holder}); wait for it to end or pick another '
                          '--workdir.') from None

@@ -153,6 +153,49 @@ def test_the_command_answers_bad_runs_files_in_one_line(tmp_path, capsys):
   assert 'is not JSON' in capsys.readouterr().err
   assert batched.main([f'--runs={tmp_path / "missing.json"}']) == 2
   assert 'does not exist' in capsys.readouterr().err
+  # An empty workdir, and one directory reached twice (once through a link).
+  argv = ['--config=experiments/tiny_ddp.py']
+  bad.write_text(json.dumps([{'workdir': '', 'argv': argv}]))
+  assert batched.main([f'--runs={bad}']) == 2
+  assert capsys.readouterr().err.strip() == (
+      f'loco.batched: error: the runs file {bad} gives run 0 an empty workdir; every run '
+      'needs its own directory.')
+  (tmp_path / 'a').mkdir()
+  (tmp_path / 'b').symlink_to(tmp_path / 'a')
+  bad.write_text(json.dumps([{'workdir': str(tmp_path / 'a'), 'argv': argv},
+                             {'workdir': str(tmp_path / 'b'), 'argv': argv}]))
+  assert batched.main([f'--runs={bad}']) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and 'names one directory twice' in err[0], err
+
+
+def test_links_inside_a_workdir_or_a_sweep_are_refused_and_the_rule_is_one_line(tmp_path):
+  """The rule for links: a workdir may be a link (followed; its lock is on the target),
+  nothing inside it may be (a `checkpoints/` into another run would be written and
+  pruned under another run's lock); a sweep's run directories may not be links out of
+  --out; a lock held by this very process says so instead of naming itself as another."""
+  from loco import sweep
+  from loco import workdir as workdir_lib
+  from loco.errors import WorkdirError
+  other = tmp_path / 'other'
+  (other / 'checkpoints').mkdir(parents=True)
+  run = tmp_path / 'run'
+  run.mkdir()
+  (run / 'checkpoints').symlink_to(other / 'checkpoints')
+  with pytest.raises(WorkdirError, match=r'holds a link, checkpoints -> .*other/checkpoints'):
+    with workdir_lib.Workdir(str(run)):
+      pass
+  (tmp_path / 'alias').symlink_to(other)        # the workdir itself a link: followed
+  with workdir_lib.Workdir(str(tmp_path / 'alias')) as wd:
+    assert wd.path == str(tmp_path / 'alias') and (other / '.lock').exists()
+    with pytest.raises(WorkdirError, match='already a workdir of this process'):
+      with workdir_lib.Workdir(str(other)):
+        pass
+  out = tmp_path / 'out'
+  out.mkdir()
+  (out / 'x').symlink_to(other)
+  with pytest.raises(sweep.SweepError, match=r'out/x is a link .*inside .*out only'):
+    sweep.run_sweep([sweep.Run('x/y', 'experiments/tiny_ddp.py')], str(out))
 
 
 def test_sigterm_stops_every_run_at_its_checkpoint_in_one_line(tmp_path, small_corpus_glob,
