@@ -279,6 +279,14 @@ def make_network(cfg: NetworkConfig, num_workers: int, step_seconds: float) -> N
     if not 0 <= worker < m or not 0 <= leave < rejoin:
       raise ConfigError(f'network.churn entry ({worker}, {leave}, {rejoin}) must be '
                         f'(worker in [0, {m}), leave_step < rejoin_step).')
+  # A step with no worker present has no one to train or sync (an outer step with no
+  # senders would move the anchors by momentum alone): refused, as random dropout
+  # always keeps one worker.
+  for step in sorted({leave for _, leave, _ in cfg.churn}):
+    gone = {w for w, leave, rejoin in cfg.churn if leave <= step < rejoin}
+    if len(gone) == m:
+      raise ConfigError(f'network.churn leaves no worker present at step {step}; at least '
+                        'one worker must stay.')
   return Network(step_seconds=seconds, bandwidth=bandwidth, latency=latency)
 
 

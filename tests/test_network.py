@@ -439,3 +439,15 @@ def test_sampled_peers_mix_across_cohorts_and_stranded_workers_go_on():
     np.testing.assert_array_equal(sched.active.sum(0), 20)
   with pytest.raises(ConfigError, match='peer_choice'):
     net_lib.parse_network(dict(profile='homogeneous', peer_choice='nearest'))
+
+
+def test_churn_that_leaves_no_worker_present_is_refused():
+  """Two workers both away over steps [5, 8): nobody would train or sync there (an outer
+  step with no senders moves the anchors by momentum alone). One staying is fine."""
+  cfg = net_lib.parse_network(dict(profile='churn', churn=[[0, 2, 8], [1, 5, 9]]))
+  with pytest.raises(ConfigError, match=r'^network.churn leaves no worker present at step '
+                                        r'5; at least one worker must stay.$'):
+    net_lib.make_network(cfg, num_workers=2, step_seconds=1.0)
+  net_lib.make_network(cfg, num_workers=3, step_seconds=1.0)
+  apart = net_lib.parse_network(dict(profile='churn', churn=[[0, 2, 5], [1, 5, 9]]))
+  net_lib.make_network(apart, num_workers=2, step_seconds=1.0)
