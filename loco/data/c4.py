@@ -18,10 +18,11 @@ readable (`tfds.data_source(TFDS_NAME, data_dir=...)`, loco's `source='tfds'`).
 Resume is per shard: each shard is written to a temporary name and renamed into
 place, then recorded (with its source's name, size and mtime, its document
 count and bytes) in `prepare_state.json`. A re-run skips the recorded shards
-whose source is unchanged and writes the others; a half-written shard (Ctrl-C,
-a kill) is never recorded, so it is written again. `dataset_info.json` is
-removed before any shard is written and written again only when every shard of
-both splits is done, so a half-prepared dataset is never readable.
+whose source is unchanged and whose file still holds its recorded bytes, and
+writes the others; a half-written shard (Ctrl-C, a kill) is never recorded, so it
+is written again. `dataset_info.json` is removed before any shard is written and
+written again only when every shard of both splits is done, so a half-prepared
+dataset is never readable.
 """
 
 from __future__ import annotations
@@ -315,6 +316,15 @@ def _shard_file(path: str, key: str) -> str:
   return os.path.join(path, f'{NAME}-{split}.array_record-{index}')
 
 
+def _is_whole(out: str, entry: dict[str, Any]) -> bool:
+  """Whether a recorded shard's file is there with the bytes it was written with (a
+  copy of the folder cut short leaves a file that reads as fewer documents or none)."""
+  try:
+    return os.path.isfile(out) and os.path.getsize(out) == entry.get('stored_bytes')
+  except OSError:
+    return False
+
+
 def _read_state(path: str) -> dict[str, Any]:
   try:
     with open(os.path.join(path, STATE_FILE)) as f:
@@ -385,7 +395,7 @@ def _prepare_locked(shards: dict[str, list[Shard]], path: str, builder: LocoC4,
           for split in SPLITS for i, s in enumerate(shards[split])}
   done = {key: entry for key, entry in state.get('shards', {}).items()
           if key in want and {k: entry.get(k) for k in want[key]} == want[key]
-          and os.path.isfile(_shard_file(path, key))}
+          and _is_whole(_shard_file(path, key), entry)}
   extra = sorted(key for key in state.get('shards', {}) if key not in want)
   if extra:
     # Never throw away finished work silently (64 shards are half an hour).
