@@ -83,13 +83,17 @@ def compressed_init(compressor, axis_name=WORKERS):
 def gather_wire(bits, alive, context, axis_name=WORKERS) -> Wire:
   """The wire of an all-gather of `bits` per alive worker (DESIGN section 5): each
   sends its payload and receives the others'; an absent worker that adopts the result
-  downloads every message and sends nothing."""
+  downloads every message and sends nothing. A lone alive worker sends its payload
+  only to absent workers that download it (one worker alone: nothing moves, as in
+  `ring_all_reduce_state`)."""
   weight = alive.astype(jnp.float32)
   alive_count = comm_axis.psum(weight, axis_name)
-  sent = jnp.asarray(bits, jnp.float32) / 8.0 * weight
   listens = alive | adopts(context)
+  downloads = comm_axis.psum((listens & ~alive).astype(jnp.float32), axis_name)
+  heard = alive & ((alive_count > 1) | (downloads > 0))   # someone receives its message
+  sent = jnp.where(heard, jnp.asarray(bits, jnp.float32) / 8.0, 0.0)
   received = jnp.where(listens, comm_axis.psum(sent, axis_name) - sent, 0.0)
-  events = jnp.where(alive, alive_count > 1, listens & (alive_count > 0))
+  events = jnp.where(alive, heard, listens & (alive_count > 0))
   return Wire(sent, received, events.astype(jnp.int32),
               jnp.where(events, ALL_GATHER, NO_COMM).astype(jnp.int32), sent,
               alive_peers(alive, axis_name) & events)
