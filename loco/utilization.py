@@ -319,12 +319,7 @@ def describe(workload: Workload) -> str:
 
 def _number(kind):
   def parse(text: str):
-    try:
-      value = float(text)
-    except ValueError:
-      raise argparse.ArgumentTypeError(f'{text!r} is not a number') from None
-    if not math.isfinite(value):
-      raise argparse.ArgumentTypeError(f'{text!r} is not a finite number')
+    value = cli.finite_float(text)
     if kind is int:
       if not value.is_integer():
         raise argparse.ArgumentTypeError(f'{text!r} is not a whole number')
