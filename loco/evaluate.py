@@ -141,6 +141,26 @@ def mean_params(workdir: str, model_cfg: model_lib.ModelConfig) -> tuple[int, An
   return int(os.path.basename(where)), jax.tree.unflatten(jax.tree.structure(like), leaves)
 
 
+# Batches scored per compiled call: Ctrl-C and SIGTERM are handled between calls (a
+# signal waits until XLA returns), so a long evaluation stops within one chunk.
+CHUNK_BATCHES = 16
+
+
+def _score_in_chunks(scorer, params, tokens_NxBxLp1: np.ndarray) -> np.ndarray:
+  """`scorer(params, tokens)` over the batches, CHUNK_BATCHES at a time (the last chunk
+  padded with copies of its first batch, so one program serves every chunk)."""
+  n = tokens_NxBxLp1.shape[0]
+  size = min(n, CHUNK_BATCHES)
+  out = []
+  for start in range(0, n, size):
+    chunk = tokens_NxBxLp1[start:start + size]
+    real = chunk.shape[0]
+    if real < size:
+      chunk = np.concatenate([chunk, np.repeat(chunk[:1], size - real, axis=0)])
+    out.append(np.asarray(scorer(params, jnp.asarray(chunk)), np.float64)[:real])
+  return np.concatenate(out)
+
+
 def _stored_run(workdir: str) -> tuple[dict[str, Any], model_lib.ModelConfig]:
   if not os.path.isdir(workdir):
     raise WorkdirError(f'{workdir} is not a directory.')
@@ -169,7 +189,7 @@ def evaluate_run(workdir: str, batches: int = 512, batch_size: int = 16,
   step, params = mean_params(workdir, model_cfg)
   windows = _windows(json.dumps(config['data'], sort_keys=True), split, config['seq_len'],
                      batches, batch_size)
-  losses = np.asarray(_scorer(model_cfg)(params, jnp.asarray(windows.tokens)), np.float64)
+  losses = _score_in_chunks(_scorer(model_cfg), params, windows.tokens)
   if not np.all(np.isfinite(losses)):
     raise LocoError(f'the model of {workdir} at step {step} scores a non-finite loss on '
                     f'{split}: it diverged.')

@@ -131,3 +131,21 @@ def test_a_full_disk_and_ctrl_c_are_one_line(tmp_path, capsys, monkeypatch):
   monkeypatch.setattr(evaluate, 'evaluate_run', interrupted)
   assert _one_line(capsys, evaluate.main([str(tmp_path)]), 130).startswith(
       'loco.evaluate: stopped: interrupted')
+
+
+def test_scoring_in_chunks_equals_one_call_and_pads_the_last_chunk():
+  """Chunks of CHUNK_BATCHES batches (the last padded, its padding dropped) give the
+  losses of one call over all batches, in order."""
+  calls = []
+
+  def scorer(params, tokens):
+    calls.append(tokens.shape)
+    return jnp.mean(tokens.astype(jnp.float32), axis=-1) * params
+
+  tokens = np.arange(37 * 2 * 5).reshape(37, 2, 5)
+  got = evaluate._score_in_chunks(scorer, 2.0, tokens)
+  np.testing.assert_allclose(got, np.asarray(scorer(2.0, jnp.asarray(tokens))))
+  assert calls[:-1] == [(evaluate.CHUNK_BATCHES, 2, 5)] * 3 and got.shape == (37, 2)
+  calls.clear()
+  assert evaluate._score_in_chunks(scorer, 1.0, tokens[:3]).shape == (3, 2)
+  assert calls == [(3, 2, 5)]
