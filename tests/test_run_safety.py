@@ -73,9 +73,10 @@ def _error_lines(stderr: str) -> list[str]:
 def test_a_busy_workdir_is_refused_in_one_line(nano_config, tmp_path, small_corpus_glob,
                                                data_dir):
   workdir = str(tmp_path / 'run')
-  with workdir_lib.Workdir(workdir):          # another loco process holds the lock
-    with pytest.raises(WorkdirError, match='in use by another loco run'):
+  with workdir_lib.Workdir(workdir):          # this process holds the lock ...
+    with pytest.raises(WorkdirError, match='already a workdir of this process'):
       train.run(nano_config, workdir)
+    # ... and to another process (the command) it is another loco run's.
     config = _nano_file(tmp_path, small_corpus_glob, data_dir)
     out = _cli(f'--config={config}', f'--workdir={workdir}')
     assert out.returncode == 1
