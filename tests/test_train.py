@@ -215,7 +215,7 @@ def test_a_warm_start_begins_every_worker_at_the_sources_mean_model(nano_config,
   shutil.rmtree(os.path.join(resumed, 'checkpoints', '10'))
   train.run(nano_config, resumed)
   assert _comparable(read_metrics(resumed)) == _comparable(read_metrics(warm))
-  nano_config.init_from = ''
+  nano_config.init_from, nano_config.init_inner_state = '', 'fresh'
   train.run(nano_config, cold)
   assert read_metrics(warm)[0]['train_loss'] < read_metrics(cold)[0]['train_loss'] - 0.05
 
