@@ -16,6 +16,7 @@ import sys
 import time
 from typing import IO, Any, Iterable, Protocol, Sequence
 
+from loco import runs
 from loco.errors import ConfigError
 
 # Keys that measure this process rather than the run; they differ between an
@@ -227,7 +228,6 @@ class WandbSink:
 
 def write_jsonl(path: str, records: Iterable[Any]) -> None:
   """Writes one JSON value per line through a temporary file and a rename."""
-  from loco import runs   # pylint: disable=g-import-not-at-top
   runs.write_atomic(path, ''.join(json.dumps(r) + '\n' for r in records))
 
 

@@ -44,6 +44,7 @@ from typing import Any, Callable, Iterator
 import tensorflow_datasets as tfds
 
 from loco import errors
+from loco import runs
 from loco.data import config as config_lib
 
 NAME, CONFIG, VERSION = 'loco_c4', 'en', '1.0.0'
@@ -335,7 +336,6 @@ def _read_state(path: str) -> dict[str, Any]:
 
 
 def _write_json(path: str, value: Any) -> None:
-  from loco import runs   # pylint: disable=g-import-not-at-top
   runs.write_atomic(path, json.dumps(value, indent=1, sort_keys=True))
 
 
