@@ -27,6 +27,18 @@ command again skips finished runs, re-launches interrupted ones in their workdir
 unless `--retry_failed` is given or their command changed. At the end it prints a
 summary and writes OUT/report.md and plots (`loco.report`).
 
+`--seeds=N` runs every run of the spec N times, as `NAME/seed=0` .. `NAME/seed=N-1` with
+config `seed` 0 .. N-1 (the same seeds for every run, so settings pair by seed; they
+replace a config file's own seed, and a spec or `--set` that sets `seed` is refused).
+`OUT/NAME/seed=*` are one setting's seeds: `loco.report OUT` summarises them as mean and
+CI over seeds, and `loco.report OUT/NAME` reports that setting alone. A larger N later
+keeps the seeds already finished.
+
+While runs train, the sweep shows each one's progress, read from its metrics.jsonl:
+`running NAME  step 40/100  loss 3.123  eval 3.201  eta 0:01:02`. On a terminal these
+lines are redrawn in place below the start and finish lines; elsewhere (a log, a pipe)
+they are printed every `--progress_every` seconds (default 30; 0: none).
+
 Runs execute `--parallel` at a time on this machine. On a CPU each run already uses
 every core, so `--parallel=1` is the fastest there; use more on a many-core host.
 
@@ -34,9 +46,12 @@ every core, so `--parallel=1` is the fastest there; use more on a many-core host
 lr, weight decay, outer lr: `loco.run_axis`) in one process and one compiled program
 (`loco.batched`): each still gets its own workdir, log and status, equal to its solo
 run's, and resumes alone or batched. The batch's runs file and shared output are in
-OUT/.batches/. Runs that cannot be batched run alone as before.
+OUT/.batches/. Runs that cannot be batched run alone as before. A run's seeds are next
+to each other in the sweep, so `--seeds=N --batch_runs=N` trains each run's seeds in one
+program.
 """
 
+import argparse
 import collections
 import dataclasses
 import datetime
@@ -53,6 +68,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from loco import cli
 from loco import configs
+from loco import progress as progress_lib
 from loco import report as report_lib
 from loco import runs as runs_lib
 from loco.errors import LocoError, UsageError
@@ -62,6 +78,7 @@ from loco.workdir import write_json
 
 PROG = 'loco.sweep'
 BATCHES = '.batches'     # OUT/.batches/TAG.json, .log, .results.json of batched runs
+PROGRESS_EVERY = 30.0    # seconds between progress lines off a terminal
 _NAME = re.compile(r'^[A-Za-z0-9_.,=+-]+(/[A-Za-z0-9_.,=+-]+)*$')
 
 
@@ -233,6 +250,34 @@ def check_runs(runs: Sequence[Run]) -> None:
     for i in range(1, len(parts)):
       if '/'.join(parts[:i]) in seen:
         raise SweepError(f'run {run.name!r} is nested inside run {"/".join(parts[:i])!r}.')
+
+
+def with_seeds(runs: Sequence[Run], seeds: int,
+               extra: Mapping[str, Any] | None = None) -> list[Run]:
+  """Each run as `seeds` runs `NAME/seed=K` with `seed=K`, K = 0 .. seeds - 1.
+
+  The seeds are the same numbers for every run, so that two settings pair by seed
+  (`loco.stats.paired_t`), and a larger `seeds` later keeps the runs already done. They
+  replace the seed a config file sets; a run or `extra` (`--set`) that sets `seed`
+  itself is refused.
+
+  Raises:
+    SweepError: `seeds` is not a whole number >= 1, or a run already sets its seed.
+  """
+  if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+    raise SweepError(f'--seeds must be a whole number >= 1, got {seeds!r}.')
+  if 'seed' in (extra or {}):
+    raise SweepError(f'--seeds={seeds} sets every run\'s seed (0 .. {seeds - 1}); drop '
+                     f'--set=seed={extra["seed"]}.')
+  out = []
+  for run in runs:
+    if 'seed' in run.overrides:
+      raise SweepError(f'--seeds={seeds} sets every run\'s seed (0 .. {seeds - 1}), but run '
+                       f'{run.name!r} sets seed={run.overrides["seed"]!r} itself; drop '
+                       'the seed from the spec or drop --seeds.')
+    out += [Run(f'{run.name}/seed={k}', run.config, {**run.overrides, 'seed': k})
+            for k in range(seeds)]
+  return out
 
 
 def parse_sets(sets: Sequence[str]) -> dict[str, str]:
@@ -464,7 +509,7 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
               extra: dict[str, Any] | None = None, retry_failed: bool = False,
               dry_run: bool = False, spec: str | None = None, report: bool = True,
               stream=None, retimes: dict[str, dict[str, Any]] | None = None,
-              batch_runs: int = 1) -> int:
+              batch_runs: int = 1, progress_every: float = PROGRESS_EVERY) -> int:
   """Runs (or resumes) a sweep in `out`; returns the exit code (0: all finished).
 
   Args:
@@ -482,6 +527,9 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
       into `out/RUN/retimed/NAME`, unless that is already done.
     batch_runs: train up to this many compatible runs in one process (`batches`);
       `parallel` then counts processes.
+    progress_every: off a terminal, print each running run's progress line (step,
+      loss, ETA) every this many seconds; on a terminal the lines are redrawn in place;
+      0: no progress lines.
 
   Returns:
     0 if every run finished (and every re-timing worked), 1 if one failed or a dry run
@@ -494,6 +542,8 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
     raise SweepError(f'--parallel must be >= 1, got {parallel}.')
   if batch_runs < 1:
     raise SweepError(f'--batch_runs must be >= 1, got {batch_runs}.')
+  if not progress_every >= 0:    # also nan
+    raise SweepError(f'--progress_every must be >= 0 seconds, got {progress_every}.')
   if not dry_run:
     cli.check_output_dir(out)     # a file or a read-only place: one line, nothing started
   for r in runs:
@@ -524,6 +574,10 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
   todo = batches([r for r in runs if r.name not in results], cmds, batch_runs)
   active: list[_Active] = []
   code = 0
+  # Each running run's progress, from its metrics.jsonl; lines said while runs train go
+  # above the progress lines (`progress.Board`).
+  board = progress_lib.Board(stream, progress_every)
+  following: dict[str, progress_lib.Follower] = {}
   old_handlers = {s: signal.signal(s, _raise_stop) for s in (signal.SIGTERM, signal.SIGHUP)}
   try:
     while todo or active:
@@ -531,21 +585,30 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
         group = todo.pop(0)
         active.append(_Active(group, cmds, out))
         for r in group:
+          following[r.name] = progress_lib.Follower(os.path.join(out, r.name), time.time())
           how = f' (batch of {len(group)})' if len(group) > 1 else ''
-          say(f'{plans[r.name][0]:<7} {r.name:<{width}}  {plans[r.name][1]}{how}'.rstrip())
+          board.say(f'{plans[r.name][0]:<7} {r.name:<{width}}  {plans[r.name][1]}{how}'
+                    .rstrip())
       time.sleep(0.2)
       for a in [a for a in active if a.proc.poll() is not None]:
         active.remove(a)
         for name, state in a.finish(a.proc.returncode).items():
+          following.pop(name, None)
           results[name] = state
           status = a.status[name]
           detail = f'{status["seconds"]:.0f} s' if state == 'finished' else status['error']
-          say(f'{state:<7} {name:<{width}}  {detail}')
+          board.say(f'{state:<7} {name:<{width}}  {detail}')
+      now = time.time()
+      for follower in following.values():
+        follower.poll(now)
+      board.show([f'running {name:<{width}}  {follower.text(now)}'
+                  for name, follower in following.items()], now)
   except (KeyboardInterrupt, _Stop) as e:
     code = 130
-    say(f'stopping ({e or "Ctrl-C"}): interrupting {len(active)} running run(s); '
-        f'the same command resumes them.')
+    board.say(f'stopping ({e or "Ctrl-C"}): interrupting {len(active)} running run(s); '
+              f'the same command resumes them.')
   finally:
+    board.close()
     for s, handler in old_handlers.items():
       signal.signal(s, handler)
     for a in active:   # stopped, or an unexpected error: do not leave runs behind
@@ -653,6 +716,14 @@ def _summary(runs, results, seconds, out, say) -> None:
     say(f'  {state:<20} {r.name:<{width}}  {detail or ""}'.rstrip())
 
 
+def _seconds(text: str) -> float:
+  """An argparse type: a number of seconds >= 0."""
+  value = cli.finite_float(text)
+  if value < 0:
+    raise argparse.ArgumentTypeError(f'{text!r} must be >= 0')
+  return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   parser = cli.Parser(prog='python -m loco.sweep', description=__doc__.split('\n\n')[0])
   parser.add_argument('spec', help='sweep spec file defining get_sweep()')
@@ -664,6 +735,13 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('--batch_runs', type=cli.positive_int, default=1,
                       help='train up to N runs that differ only in seed, lr, weight '
                       'decay or outer lr in one process (default 1: each alone)')
+  parser.add_argument('--seeds', type=cli.positive_int, default=None, metavar='N',
+                      help='run every run of the spec with seeds 0 .. N-1, as NAME/seed=K '
+                      '(the spec must not set seed itself)')
+  parser.add_argument('--progress_every', type=_seconds, default=PROGRESS_EVERY,
+                      metavar='S', help='off a terminal, a progress line per running run '
+                      f'every S seconds (default {PROGRESS_EVERY:g}; 0: none); on a '
+                      'terminal the lines update in place')
   parser.add_argument('--retry_failed', action='store_true', help='re-run failed runs')
   parser.add_argument('--dry_run', action='store_true',
                       help='print the plan and check the configs; run nothing')
@@ -673,11 +751,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  os.path.splitext(os.path.basename(args.spec))[0])
 
   def body() -> int:
-    runs = load_spec(args.spec)
-    return run_sweep(runs, out, parallel=args.parallel, extra=parse_sets(args.set),
+    runs, extra = load_spec(args.spec), parse_sets(args.set)
+    if args.seeds is not None:
+      runs = with_seeds(runs, args.seeds, extra)
+      check_runs(runs)
+    return run_sweep(runs, out, parallel=args.parallel, extra=extra,
                      retry_failed=args.retry_failed, dry_run=args.dry_run,
                      spec=args.spec, report=not args.no_report,
-                     retimes=load_retimes(args.spec), batch_runs=args.batch_runs)
+                     retimes=load_retimes(args.spec), batch_runs=args.batch_runs,
+                     progress_every=args.progress_every)
 
   return cli.run(PROG, body)
 

@@ -140,6 +140,75 @@ def test_a_spec_may_return_any_iterable_of_runs_and_never_ends_the_sweep_silentl
       'only defines get_sweep().']
 
 
+# Seeds.
+
+def test_seeds_make_every_run_n_runs_named_by_seed():
+  spec = [Run('ddp', 'experiments/tiny_ddp.py'),
+          *grid('experiments/tiny_diloco.py', 'diloco_h{sync_every}',
+                **{'algorithm.sync_every': [10, 50]})]
+  runs = sweep.with_seeds(spec, 3)
+  assert len(runs) == 3 * 3
+  assert [r.name for r in runs[:4]] == ['ddp/seed=0', 'ddp/seed=1', 'ddp/seed=2',
+                                        'diloco_h10/seed=0']
+  assert runs[5] == Run('diloco_h10/seed=2', 'experiments/tiny_diloco.py',
+                        {'algorithm.sync_every': 10, 'seed': 2})
+  sweep.check_runs(runs)                                   # legal, distinct workdirs
+  cmd = sweep.command(runs[4], 'out/diloco_h10/seed=1', sweep.parse_sets(['steps=20']))
+  assert cmd[3:] == ['--config=experiments/tiny_diloco.py',
+                     '--workdir=out/diloco_h10/seed=1', '--config.algorithm.sync_every=10',
+                     '--config.seed=1', '--config.steps=20']
+  assert sweep.load_config(cmd[3:]).seed == 1
+  # One seed is still a seed directory: --seeds=3 later keeps its finished seed 0.
+  assert sweep.with_seeds(spec[:1], 1) == [Run('ddp/seed=0', spec[0].config, {'seed': 0})]
+
+
+@pytest.mark.parametrize('seeds,extra,match', [
+    (0, None, r"^--seeds must be a whole number >= 1, got 0\.$"),
+    (-2, None, 'got -2'),
+    (1.5, None, 'got 1.5'),
+    (True, None, 'got True'),
+    (2, {'seed': '3'}, r"^--seeds=2 sets every run's seed \(0 \.\. 1\); drop --set=seed=3\.$"),
+])
+def test_bad_seeds_are_one_clear_error(seeds, extra, match):
+  with pytest.raises(SweepError, match=match):
+    sweep.with_seeds([Run('a', 'x.py')], seeds, extra)
+
+
+def test_seeds_on_the_command_line_refuse_bad_counts_and_a_spec_that_sets_seed(
+    tmp_path, capsys):
+  spec = _spec(tmp_path, "grid('experiments/tiny_ddp.py', 'ddp_s{seed}', seed=[0, 1])")
+  out = str(tmp_path / 'out')
+  for value, says in (('0', "'0' must be at least 1"), ('-1', "'-1' must be at least 1"),
+                      ('1.5', "'1.5' is not a whole number"), ('x', "'x' is not a whole number")):
+    with pytest.raises(SystemExit) as e:
+      sweep.main([spec, f'--out={out}', f'--seeds={value}'])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f'loco.sweep: error: argument --seeds: {says} (see --help)']
+  assert sweep.main([spec, f'--out={out}', '--seeds=2']) == 2
+  assert capsys.readouterr().err.splitlines() == [
+      "loco.sweep: error: --seeds=2 sets every run's seed (0 .. 1), but run 'ddp_s0' sets "
+      'seed=0 itself; drop the seed from the spec or drop --seeds.']
+  with pytest.raises(SystemExit):
+    sweep.main([spec, f'--out={out}', '--progress_every=-1'])
+  assert capsys.readouterr().err.splitlines() == [
+      "loco.sweep: error: argument --progress_every: '-1' must be >= 0 (see --help)"]
+  assert not os.path.exists(out)
+
+
+def test_the_seeds_of_a_run_share_a_batch(nano_file):
+  """Runs that differ only in seed (and lr) have one shape; another shape is its own
+  batch, and a batch is never larger than --batch_runs."""
+  runs = sweep.with_seeds([Run('a', nano_file), Run('b', nano_file, {'batch_per_worker': 1}),
+                           Run('c', nano_file, {'optimizer.lr': 2e-3})], 2)
+  cmds = {r.name: sweep.command(r, os.path.join('out', r.name)) for r in runs}
+  names = lambda groups: [[r.name for r in g] for g in groups]   # noqa: E731
+  assert names(sweep.batches(runs, cmds, 2)) == [
+      ['a/seed=0', 'a/seed=1'], ['b/seed=0', 'b/seed=1'], ['c/seed=0', 'c/seed=1']]
+  assert names(sweep.batches(runs, cmds, 4)) == [
+      ['a/seed=0', 'a/seed=1', 'c/seed=0', 'c/seed=1'], ['b/seed=0', 'b/seed=1']]
+
+
 def test_batch_files_of_names_that_differ_only_in_slash_and_underscore_are_distinct():
   names = ['x/y', 'x_y', 'a/b_c', 'a_b/c', 'a_b_c', 'a/b/c']
   tags = {sweep.batch_tag([Run(n, 'c.py'), Run('other', 'c.py')]) for n in names}
