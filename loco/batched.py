@@ -156,7 +156,7 @@ def _train_group(runs: list[_Run], start: int) -> None:
   from loco import run_axis
   from loco import step as step_lib
   from loco import train
-  from loco.metrics import ProgressBar
+  from loco.progress import RunsProgress
   from loco.placement import Placement
 
   exp = runs[0].exp
@@ -197,7 +197,7 @@ def _train_group(runs: list[_Run], start: int) -> None:
     books.append((writer, comm_log, ledger))
   evaluate = train._evaluator(exp, graphdef, windows, runs[0].note)
   check_finite = jax.jit(step_lib.all_finite)
-  progress = ProgressBar(total, start, enabled=rr.progress)
+  progress = RunsProgress([r.workdir for r in runs], total, enabled=rr.progress)
   chunk = run_axis.make_batched_chunk(exp, graphdef)
   chunk_len = min(rr.log_every, total)
   live = lambda: [i for i, r in enumerate(runs) if r.state is None]   # noqa: E731
@@ -216,14 +216,7 @@ def _train_group(runs: list[_Run], start: int) -> None:
   def emit(done) -> None:
     for i, (record, _) in done.items():
       books[i][0].write(record)
-    if done:
-      records = [record for record, _ in done.values()]
-      mean = lambda key: float(np.mean([x[key] for x in records if key in x]))  # noqa: E731
-      evals = [x['eval_loss'] for x in records if 'eval_loss' in x]
-      progress.update(records[0]['step'], mean('train_loss'),
-                      sum(x['tokens_per_second'] for x in records),
-                      float(np.mean(evals)) if evals else None,
-                      step_seconds=next(iter(done.values()))[1])
+    progress.update({i: record for i, (record, _) in done.items()})
 
   compiled = pending = None
   for step, k, batches, contexts, valid, data_states in _chunks(

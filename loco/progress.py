@@ -275,11 +275,14 @@ class RunsProgress:
 
 
 def short_names(workdirs: Sequence[str]) -> list[str]:
-  """The workdirs relative to the folder they share ('a/seed=0', 'b'), or their last
-  part if that leaves nothing."""
+  """The workdirs relative to the folder they share ('a/seed=0', 'b'); a seed's folder
+  keeps its run's name ('x/seed=0', not 'seed=0')."""
   paths = [os.path.normpath(w) for w in workdirs]
   try:
-    common = os.path.commonpath(paths) if len(paths) > 1 else os.path.dirname(paths[0])
+    base = os.path.commonpath(paths) if len(paths) > 1 else os.path.dirname(paths[0])
   except ValueError:   # absolute and relative paths mixed
     return paths
-  return [os.path.relpath(p, common) if common else p for p in paths]
+  if any(os.path.dirname(p) == base and os.path.basename(p).startswith('seed=')
+         for p in paths):
+    base = os.path.dirname(base)
+  return [os.path.relpath(p, base) if base else p for p in paths]

@@ -38,7 +38,7 @@ def test_rows_read_at_once_give_no_rate_and_a_rewritten_file_starts_again():
     t.add(_row(step, 3.0, tokens_per_second=0.0), now=50.0)
   assert t.text(50.0) == 'step 30/100  loss 3.000  eta ?'    # no speed known yet
   t.add(_row(40, 3.0), now=60.0)
-  assert t.eta(60.0) == pytest.approx(60.0)                                # 10 s per 10 steps since 30
+  assert t.eta(60.0) == pytest.approx(60.0)     # 10 s per 10 steps since step 30
   t.add(_row(20, 3.0), now=100.0)     # the resume dropped rows after its checkpoint
   t.add(_row(30, 3.0), now=110.0)
   assert t.eta(110.0) == pytest.approx(70.0)
@@ -164,4 +164,7 @@ def test_batched_runs_print_one_line_each_at_evals_and_every_interval():
   quiet = io.StringIO()
   off = progress.RunsProgress(['a', 'b'], 10, enabled=False, stream=quiet)
   off.update({0: _row(10, 3.0)}, now=1e12)
-  assert quiet.getvalue() == '' and progress.short_names(['x/a']) == ['a']
+  assert quiet.getvalue() == ''
+  assert progress.short_names(['x/a']) == ['a']
+  assert progress.short_names(['/r/x/seed=0', '/r/x/seed=1']) == ['x/seed=0', 'x/seed=1']
+  assert progress.short_names(['x/seed=0']) == ['x/seed=0']

@@ -439,6 +439,36 @@ def test_batch_runs_trains_compatible_runs_in_one_process(tmp_path, nano_file):
       ['skip', name] for name in ('a', 'b', 'bad', 'c', 'd')]
 
 
+@pytest.mark.slow
+def test_a_sweep_of_seeds_trains_them_in_one_batch_reports_them_and_shows_progress(
+    tmp_path, nano_file):
+  out = str(tmp_path / 'sweep')
+  spec = _spec(tmp_path, f"[Run('a', {nano_file!r})]")
+  first = _sweep_cli(spec, f'--out={out}', '--seeds=2', '--batch_runs=2',
+                     '--progress_every=0.5')
+  assert first.returncode == 0, first.stdout + first.stderr
+  lines = first.stdout.splitlines()
+  assert [x.split() for x in lines[:2]] == [['start', f'a/seed={k}', '(batch', 'of', '2)']
+                                           for k in (0, 1)]
+  for k in (0, 1):
+    workdir = os.path.join(out, 'a', f'seed={k}')
+    assert sweep.runs_lib.read_config(workdir)['config']['seed'] == k
+    assert _status(out, f'a/seed={k}')['batch'] == ['a/seed=0', 'a/seed=1']
+  # Progress off a terminal: a line per running run every 0.5 s, then its last row.
+  progress = [x for x in lines if x.startswith('running a/seed=')]
+  assert progress and all(re.fullmatch(
+      r'running a/seed=[01]  (starting \d:\d\d:\d\d|step (5|10)/10  loss \d\.\d{3}'
+      r'(  eval \d\.\d{3})?  eta (\d:\d\d:\d\d|\?))', x) for x in progress), progress
+  assert any(' step ' in x for x in progress), progress
+  assert lines.index(progress[-1]) < lines.index(next(x for x in lines if x.startswith('finished')))
+  report = open(os.path.join(out, 'report.md')).read()
+  assert '## Over seeds' in report and '| 2 | 0, 1 |' in report
+  # More seeds later: the finished ones are kept.
+  more = _sweep_cli(spec, f'--out={out}', '--seeds=3', '--dry_run')
+  assert [x.split()[:2] for x in more.stdout.splitlines()[::2][:3]] == [
+      ['skip', 'a/seed=0'], ['skip', 'a/seed=1'], ['start', 'a/seed=2']]
+
+
 def test_failed_runs_rerun_only_with_retry_failed_or_a_changed_command(tmp_path, nano_file):
   out = str(tmp_path / 'sweep')
   spec = _spec(tmp_path, f"[Run('bad', {nano_file!r}, {{'optimizer.lr': -1.0}}), "
