@@ -69,6 +69,11 @@ _PROFILE_DEFAULTS = {
 }
 
 
+def profile_default(profile: str | None, key: str) -> Any:
+  """The default `profile` gives network.KEY over NetworkConfig's (None: none)."""
+  return _PROFILE_DEFAULTS.get(profile, {}).get(key)
+
+
 @dataclasses.dataclass(frozen=True)
 class NetworkConfig:
   """The `network` config section, typed: each key is documented where it is defined,

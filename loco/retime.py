@@ -3,15 +3,19 @@
   python -m loco.retime runs/x --network.profile=PROFILE [--network.KEY=VALUE ...] [--name=NAME]
 
 replays `network.Clock` over the run's communication log (comms.jsonl, `commlog.replay`)
-on the new network (step time: the run's model FLOPs per step, or network.step_seconds)
-and writes, beside the run:
+on the new network and writes, beside the run:
 
   runs/x/retimed/NAME/config.json    the run's, with this `network` section and
                                      `retimed_from`: the run, its network, the overrides
   runs/x/retimed/NAME/metrics.jsonl  the run's rows with sim_seconds, utilization and
                                      idle_seconds of the new network at each row's step
 
-which `loco.report` reads like a run (NAME: the profile unless given; PROFILE+OVERLAP
+which `loco.report` reads like a run. Only the links change unless named: the compute
+side of the run's network stays the run's (COMPUTE_KEYS: its step time, whether
+network.step_seconds or model FLOPs / (device_flops x mfu), its per-worker speeds and
+stragglers, its seed), and the command says which step time it used and where it came
+from. Naming network.device_flops or network.mfu times steps by the model's FLOPs (the
+run's step_seconds is then not used). (NAME: the profile unless given; PROFILE+OVERLAP
 with a network.overlap other than 'none', then ',buckets=K' with network.overlap_buckets
 other than 128). `--network.overlap=backward` times each
 step's collective overlapped with the step's backward pass, as loco.utilization models
@@ -41,6 +45,41 @@ from loco.runs import RETIMED  # noqa: F401  (kept for callers of loco.retime.RE
 
 PROG = 'loco.retime'
 _NAME = re.compile(r'^[A-Za-z0-9_.,=+-]+$')
+
+
+# The compute side of a run's network: a re-timing keeps the run's values unless named.
+COMPUTE_KEYS = ('step_seconds', 'device_flops', 'mfu', 'speeds', 'straggler_fraction',
+                'straggler_factor', 'seed')
+
+
+def _run_value(own: Mapping[str, Any], key: str) -> Any:
+  """The run's value of network.KEY: set, or its profile's default (None: the default)."""
+  if own.get(key) is not None:
+    return own[key]
+  return network_lib.profile_default(own.get('profile'), key)
+
+
+def keep_compute(section: dict[str, Any], own: Mapping[str, Any],
+                 overrides: Mapping[str, Any]) -> dict[str, str]:
+  """Puts the run's compute-side values into `section` where `overrides` does not name
+  them; returns {key: 'as named' | "the run's"} for the keys whose value is not a
+  default.
+
+  The step time is one choice: a named step_seconds; else, with device_flops or mfu
+  named, the model's FLOPs (the run's step_seconds dropped, the other of the two the
+  run's); else the run's step_seconds, device_flops and mfu together."""
+  named = {key.removeprefix('network.') for key in overrides}
+  origin = {}
+  flops_named = bool(named & {'device_flops', 'mfu'})
+  for key in COMPUTE_KEYS:
+    if key in named:
+      origin[key] = 'as named'
+    elif key == 'step_seconds' and flops_named:
+      section[key] = None
+    elif _run_value(own, key) is not None:
+      section[key] = _run_value(own, key)
+      origin[key] = "the run's"
+  return origin
 
 
 def network_section(overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -114,6 +153,7 @@ def retime(workdir: str, overrides: Mapping[str, Any], name: str | None = None) 
     elif (section[key] or None) != (own.get(key) or None):
       raise ConfigError(f'network.{key}={section[key]!r} differs from the run\'s '
                         f'{own.get(key)!r}: it decided which work the run did; train again.')
+  origin = keep_compute(section, own, overrides)
   if name is not None:
     check_name(name)
   cfg = network_lib.parse_network(section)
@@ -138,6 +178,7 @@ def retime(workdir: str, overrides: Mapping[str, Any], name: str | None = None) 
     tokens = (_need(stored, 'config.batch_per_worker', workdir)
               * _need(stored, 'config.seq_len', workdir))
   seconds = network_lib.nominal_step_seconds(cfg, flops, tokens)
+  step_time = dict(seconds=seconds, source=_step_time_source(cfg, origin, flops, tokens))
   net = network_lib.make_network(cfg, num_workers, seconds)
   steps = {r['step'] for r in rows}
   clocks = {step: timeline_lib.clock_metrics(clock.seconds, clock.now, clock.compute)
@@ -147,12 +188,24 @@ def retime(workdir: str, overrides: Mapping[str, Any], name: str | None = None) 
   retimed = [{**r, **clocks[r['step']]} for r in rows]
   record = dict(stored, config={**run, 'network': section}, retimed_from=dict(
       workdir=os.path.abspath(workdir), network=own, step=max(steps),
-      overrides=json.loads(json.dumps(dict(overrides)))))
+      overrides=json.loads(json.dumps(dict(overrides))), step_time=step_time))
   os.makedirs(out, exist_ok=True)
   write_jsonl(os.path.join(out, runs.METRICS), retimed)
   # The config last: `is_current` reads it, so a crash in between redoes the re-timing.
   workdir_lib.write_json(os.path.join(out, runs.CONFIG), record)
   return out
+
+
+def _step_time_source(cfg: network_lib.NetworkConfig, origin: Mapping[str, str],
+                      flops: float, tokens: int) -> str:
+  """Where a re-timing's step time came from, in words."""
+  def whose(key):
+    return origin.get(key, 'the default')
+  if cfg.step_seconds is not None:
+    return f"network.step_seconds ({whose('step_seconds')})"
+  return (f"the model's {flops * tokens:.3g} FLOPs per step at network.device_flops "
+          f"{cfg.device_flops:.3g} ({whose('device_flops')}) x network.mfu {cfg.mfu:g} "
+          f"({whose('mfu')})")
 
 
 def is_current(workdir: str, overrides: Mapping[str, Any], name: str) -> bool:
@@ -194,6 +247,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir, overrides, name = _parse_args(args)
     out = retime(workdir, overrides, name)
     before, after = runs.read_metrics(workdir).rows[-1], runs.read_metrics(out).rows[-1]
+    step_time = runs.read_config(out)['retimed_from']['step_time']
+    kept = [k for k, v in keep_compute({}, runs.read_config(workdir)['config'].get('network')
+                                       or {}, overrides).items() if v != 'as named'
+            and k not in ('step_seconds', 'device_flops', 'mfu')]
+    print(f'step time {step_time["seconds"]:.4g} s per inner step: {step_time["source"]}'
+          + (f"; the run's {', '.join('network.' + k for k in kept)} kept" if kept else ''))
     print(f'step {after["step"]}: simulated {before.get("sim_seconds") or 0:,.1f} s -> '
           f'{after["sim_seconds"]:,.1f} s, utilization {after["utilization"]:.1%}: {out}')
     return 0

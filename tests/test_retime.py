@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from loco import network
 from loco import report
 from loco import retime
 from loco import train
@@ -148,8 +149,118 @@ def test_the_command_line(runs):
   last = read_metrics(out)[-1]
   assert last['sim_seconds'] > 20 * 2.0
   before = read_metrics(workdir)[-1]['sim_seconds']
-  assert proc.stdout.startswith(
+  first, second = proc.stdout.splitlines()
+  assert first == 'step time 2 s per inner step: network.step_seconds (as named)'
+  assert second.startswith(
       f'step 20: simulated {before:,.1f} s -> {last["sim_seconds"]:,.1f} s')
+
+
+def _slower(own):
+  """The run's network with every link 10 times slower and 10 ms more latent; nothing
+  on the compute side named."""
+  cfg = network.parse_network({k.removeprefix('network.'): v for k, v in own.items()})
+  out = {'network.profile': cfg.profile, 'network.bandwidth': cfg.bandwidth / 10,
+         'network.latency': cfg.latency * 10 + 0.01}
+  for key in ('dropout', 'churn', 'dropout_mode', 'overlap'):
+    if f'network.{key}' in own:
+      out[f'network.{key}'] = own[f'network.{key}']
+  if cfg.profile == 'multi_region':
+    out.update({'network.inter_bandwidth': cfg.inter_bandwidth / 10,
+                'network.inter_latency': cfg.inter_latency * 10 + 0.01})
+  if cfg.profile == 'lognormal':
+    out['network.sigma'] = cfg.sigma
+  if cfg.profile == 'slow_links':
+    out.update({'network.slow_workers': cfg.slow_workers,
+                'network.slow_factor': cfg.slow_factor})
+  if cfg.profile == 'custom':
+    out['network.bandwidth_matrix'] = [[b / 10 for b in row] for row in cfg.bandwidth_matrix]
+    if cfg.latency_matrix is not None:
+      out['network.latency_matrix'] = [[t * 10 + 0.01 for t in row]
+                                       for row in cfg.latency_matrix]
+  return out
+
+
+@pytest.mark.parametrize('name', list(RUNS))
+def test_a_run_retimed_on_a_slower_network_never_gets_faster(runs, name):
+  """Only links named: the run's step time, speeds, stragglers and seed stay its own, so
+  slower links can only add time, at every row; the compute part of the clock is the
+  run's own (its utilization x its time is the same busy time or less)."""
+  own = _own(runs[name])
+  out = retime.retime(runs[name], _slower(own), 'slower')
+  rows, slow = read_metrics(runs[name]), read_metrics(out)
+  for a, b in zip(rows, slow):
+    assert b['sim_seconds'] >= a['sim_seconds']
+    assert b['utilization'] <= a['utilization']
+  assert slow[-1]['sim_seconds'] > rows[-1]['sim_seconds']   # every run communicated
+  with open(os.path.join(out, 'config.json')) as f:
+    stored = json.load(f)
+  assert stored['retimed_from']['step_time'] == {
+      'seconds': 0.5, 'source': "network.step_seconds (the run's)"}
+  for key in ('straggler_fraction', 'straggler_factor', 'step_seconds'):
+    run_value = own.get(f'network.{key}', network.profile_default(own['network.profile'], key))
+    assert stored['config']['network'][key] == run_value
+
+
+def test_the_readme_example_keeps_the_runs_step_time(runs, capsys):
+  """A run trained at network.step_seconds=0.5 on 1e5 B/s links, with stragglers,
+  re-timed with only --network.profile=multi_region (its slower links between regions):
+  the run's 0.5 s steps and its stragglers are kept, so it takes longer, not less (before
+  the fix the default device's FLOPs replaced the run's step time: 10.6 s became 3.0)."""
+  workdir = runs['diloco_dropout']
+  args = [workdir, '--network.profile=multi_region', '--network.bandwidth=1e5',
+          '--network.inter_bandwidth=1e4', '--network.dropout=0.4',
+          '--network.churn=[[1, 3, 12]]']
+  assert retime.main(args) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0] == ("step time 0.5 s per inner step: network.step_seconds (the run's); "
+                      "the run's network.straggler_fraction, network.straggler_factor kept")
+  out = os.path.join(workdir, 'retimed', 'multi_region')
+  assert read_metrics(out)[-1]['sim_seconds'] > read_metrics(workdir)[-1]['sim_seconds']
+  # Links too fast to see: what is left is the run's compute, stragglers included, the
+  # same on any profile.
+  fast = {'network.bandwidth': 1e18, 'network.latency': 0.0, 'network.dropout': 0.4,
+          'network.churn': [[1, 3, 12]]}
+  a = retime.retime(workdir, {'network.profile': 'homogeneous', **fast}, 'fast_h')
+  b = retime.retime(workdir, {'network.profile': 'multi_region', 'network.inter_latency': 0.0,
+                              'network.inter_bandwidth': 1e18, **fast}, 'fast_m')
+  assert read_metrics(a)[-1]['sim_seconds'] == pytest.approx(
+      read_metrics(b)[-1]['sim_seconds'], rel=1e-12)
+  assert read_metrics(a)[-1]['sim_seconds'] > 20 * 0.5     # stragglers wait for the slowest
+  c = retime.retime(workdir, {'network.profile': 'homogeneous', **fast,
+                              'network.straggler_fraction': 0.0}, 'no_stragglers')
+  assert read_metrics(c)[-1]['sim_seconds'] < read_metrics(a)[-1]['sim_seconds']
+
+
+def test_a_profiles_stragglers_stay_the_runs_on_another_profile(runs):
+  """The 'stragglers' profile gives the run 25% of workers 3x slower; re-timed on
+  'homogeneous' they stay, as the run's (not the new profile's zero)."""
+  fast = {'network.bandwidth': 1e18, 'network.latency': 0.0}
+  a = retime.retime(runs['sparseloco'], {'network.profile': 'stragglers', **fast}, 'fs')
+  b = retime.retime(runs['sparseloco'], {'network.profile': 'homogeneous', **fast}, 'fh')
+  assert [r['sim_seconds'] for r in read_metrics(a)] == [
+      r['sim_seconds'] for r in read_metrics(b)]
+  with open(os.path.join(b, 'config.json')) as f:
+    net = json.load(f)['config']['network']
+  assert (net['straggler_fraction'], net['straggler_factor']) == (0.25, 3.0)
+
+
+def test_naming_the_device_times_steps_by_flops_and_keeps_the_runs_other_half():
+  own = {'profile': 'homogeneous', 'step_seconds': 0.1, 'mfu': 0.3, 'speeds': [1, 2],
+         'seed': 7}
+  section = {'step_seconds': None, 'device_flops': 1e12, 'mfu': None, 'speeds': None,
+             'straggler_fraction': None, 'straggler_factor': None, 'seed': None}
+  origin = retime.keep_compute(section, own, {'network.profile': 'multi_region',
+                                              'network.device_flops': 1e12})
+  assert section == {'step_seconds': None, 'device_flops': 1e12, 'mfu': 0.3,
+                     'speeds': [1, 2], 'straggler_fraction': None,
+                     'straggler_factor': None, 'seed': 7}
+  assert origin == {'device_flops': 'as named', 'mfu': "the run's", 'speeds': "the run's",
+                    'seed': "the run's"}
+  section = dict.fromkeys(retime.COMPUTE_KEYS)
+  origin = retime.keep_compute(section, own, {'network.profile': 'multi_region',
+                                              'network.seed': 3})
+  assert section['step_seconds'] == 0.1 and section['mfu'] == 0.3
+  assert section['seed'] is None and origin['seed'] == 'as named'
 
 
 def test_the_overlap_model_hides_communication_behind_the_backward_pass(runs, tmp_path,
