@@ -151,7 +151,8 @@ def against_axes(groups: Groups, out_dir: str,
 def network_panels(panels: Sequence[tuple[str, Series]], path: str,
                    target: float | None = None) -> str | None:
   """One panel per network: eval loss of every run against simulated seconds (a log
-  axis when all are positive), one colour, line style and marker per run across panels, a shared legend."""
+  axis when all are positive), one colour, line style and marker per run across
+  panels, a shared legend."""
   if not panels:
     return None
   plt = _pyplot()

@@ -204,7 +204,8 @@ def test_notes_for_an_incomplete_run_and_seeds_given_one_by_one(tmp_path, capsys
     json.dump(stored, f)
   assert compare.main([a0, a1, partial]) == 0
   err = capsys.readouterr().err.replace('\n', ' ')
-  assert f'{partial} is incomplete (its last step is 30 of 100): its last eval, at step 30, is used.' in err
+  assert (f'{partial} is incomplete (its last step is 30 of 100): its last eval, at step 30, '
+          'is used.') in err
   assert 'arguments 1, 2 are seeds of one setting given one by one (an unquoted glob?)' in err
 
 
