@@ -63,32 +63,82 @@ def save(fig, path: str, dpi: int = 90) -> None:
 
 
 Series = Sequence[tuple[str, Sequence[Mapping[str, Any]]]]   # (label, its eval rows)
+# (label, the eval rows of each of its runs): one run, or the seeds of one setting.
+Groups = Sequence[tuple[str, Sequence[Sequence[Mapping[str, Any]]]]]
+
+LINESTYLES = ('-', '--', '-.', ':')
+MARKERS = ('o', 's', '^', 'D', 'v', 'P', 'X')
 
 
-def against_axes(series: Series, out_dir: str,
+def style(i: int, n: int) -> dict[str, Any]:
+  """How line i of n is drawn so that curves which coincide all stay visible: its own
+  colour, line style and hollow marker shape, and each line drawn over the ones before
+  it, thinner, so an earlier line shows as a rim around a later one on top of it."""
+  return dict(color=f'C{i % 10}', linestyle=LINESTYLES[i % len(LINESTYLES)],
+              marker=MARKERS[i % len(MARKERS)], markerfacecolor='none', markersize=5,
+              linewidth=1.0 + 2.0 * (n - 1 - i) / max(n - 1, 1), zorder=2 + i)
+
+
+def si(x: float, unit: str = '') -> str:
+  """A tick label in SI steps: 1500000 -> '1.5M', with unit 'B' -> '1.5 MB'."""
+  for prefix, scale in (('G', 1e9), ('M', 1e6), ('k' if unit != 'B' else 'K', 1e3)):
+    if abs(x) >= scale:
+      return f'{x / scale:g} {prefix}{unit}' if unit else f'{x / scale:g}{prefix}'
+  return f'{x:g} {unit}' if unit else f'{x:g}'
+
+
+def _draw_group(ax, key: str, label: str, runs: Sequence[Sequence[Mapping[str, Any]]],
+                look: Mapping[str, Any]) -> None:
+  """One run as a line; seeds of one setting as their mean with a band from the
+  lowest to the highest seed where their x values agree, else each seed thin."""
+  curves = [([r.get(key) or 0 for r in rows], [r['eval_loss'] for r in rows])
+            for rows in runs if rows]
+  if len(curves) == 1:
+    ax.plot(*curves[0], label=label, **look)
+    return
+  n = min(len(xs) for xs, _ in curves)
+  xs = np.array([c[0][:n] for c in curves], dtype=float)
+  ys = np.array([c[1][:n] for c in curves], dtype=float)
+  if np.allclose(xs, xs[0]):
+    ax.plot(xs[0], ys.mean(axis=0),
+            label=f'{label} (mean of {len(curves)} seeds, band: min-max)', **look)
+    ax.fill_between(xs[0], ys.min(axis=0), ys.max(axis=0), color=look['color'],
+                    alpha=0.18, linewidth=0, zorder=1)
+  else:   # e.g. simulated seconds with seeded stragglers: no common x to average at
+    thin = dict(look, linewidth=1.0, markersize=3)
+    for k, (x, y) in enumerate(curves):
+      ax.plot(x, y, label=f'{label} ({len(curves)} seeds)' if k == 0 else None, **thin)
+
+
+def against_axes(groups: Groups, out_dir: str,
                  axes: Sequence[tuple[str, str, str]], target: float | None = None
                  ) -> list[str]:
-  """One PNG per (metrics key, file name, x label) of `axes`: eval loss of every run
-  against that key. The simulated-seconds plot only if some run has sim_seconds > 0;
-  bytes on a log axis when every value is positive; `target` as a dashed line."""
-  if not series:
+  """One PNG per (metrics key, file name, x label) of `axes`: eval loss against that
+  key, one line per run or seed group (`style`; seeds as mean and min-max band). The
+  simulated-seconds plot only if some run has sim_seconds > 0; bytes on a log axis
+  when every value is positive, labelled in KB/MB/GB; `target` as a dashed line."""
+  if not groups:
     return []
+  from matplotlib import ticker
   os.makedirs(out_dir, exist_ok=True)
   written = []
   for key, filename, xlabel in axes:
-    values = [r.get(key) or 0 for _, rows in series for r in rows]
+    values = [r.get(key) or 0 for _, group in groups for rows in group for r in rows]
     if key == 'sim_seconds' and not any(v > 0 for v in values):
       continue
     fig, (ax,) = figure(1, 7, 4.5)
-    for label, rows in series:
-      ax.plot([r.get(key) or 0 for r in rows], [r['eval_loss'] for r in rows],
-              marker='o', markersize=3, label=label)
-    if key == 'bytes_sent' and all(v > 0 for v in values):
-      ax.set_xscale('log')
+    for i, (label, group) in enumerate(groups):
+      _draw_group(ax, key, label, group, style(i, len(groups)))
+    if key == 'bytes_sent':
+      if all(v > 0 for v in values):
+        ax.set_xscale('log')
+      ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: si(x, 'B')))
+    elif key == 'tokens':
+      ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: si(x)))
     if target is not None:
-      ax.axhline(target, color='gray', linestyle='--', linewidth=1,
+      ax.axhline(target, color='gray', linestyle='--', linewidth=1, zorder=1,
                  label=f'target {target:.4f}')
-    ax.set(xlabel=xlabel, ylabel='eval loss (worker-averaged model)',
+    ax.set(xlabel=xlabel, ylabel='eval loss (nats/token, worker-averaged model)',
            title=f'eval loss vs {xlabel}')
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize='small')
@@ -101,13 +151,14 @@ def against_axes(series: Series, out_dir: str,
 def network_panels(panels: Sequence[tuple[str, Series]], path: str,
                    target: float | None = None) -> str | None:
   """One panel per network: eval loss of every run against simulated seconds (a log
-  axis when all are positive), one colour per run across panels, a shared legend."""
+  axis when all are positive), one colour, line style and marker per run across
+  panels, a shared legend."""
   if not panels:
     return None
   plt = _pyplot()
   from matplotlib import ticker
   runs = list(dict.fromkeys(label for _, series in panels for label, _ in series))
-  colors = {name: f'C{i % 10}' for i, name in enumerate(runs)}
+  looks = {name: style(i, len(runs)) for i, name in enumerate(runs)}
   cols = min(3, len(panels))
   rows = math.ceil(len(panels) / cols)
   fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), sharey=True,
@@ -115,7 +166,7 @@ def network_panels(panels: Sequence[tuple[str, Series]], path: str,
   for ax, (network, series) in zip(axes.flat, panels):
     for label, evals in series:
       ax.plot([r.get('sim_seconds') or 0 for r in evals], [r['eval_loss'] for r in evals],
-              marker='o', markersize=3, color=colors[label], label=label)
+              label=label, **looks[label])
     if target is not None:
       ax.axhline(target, color='gray', linestyle='--', linewidth=1)
     if all((r.get('sim_seconds') or 0) > 0 for _, evals in series for r in evals):
@@ -128,7 +179,7 @@ def network_panels(panels: Sequence[tuple[str, Series]], path: str,
   for ax in axes.flat[len(panels):]:
     ax.axis('off')
   for ax in axes[:, 0]:
-    ax.set_ylabel('eval loss')
+    ax.set_ylabel('eval loss (nats/token)')
   handles, labels = axes.flat[0].get_legend_handles_labels()
   fig.legend(handles, labels, loc='lower center', ncol=min(len(labels), 6),
              fontsize='small')

@@ -5,15 +5,20 @@
 Every directory under the paths with a config.json or a status.json is a run, read
 through `loco.runs`. The table has each run's status (finished, diverged, failed,
 interrupted, running, incomplete, from its structured files; unreadable when a file is
-damaged), final and best eval loss, tokens, bytes sent and bytes received per worker,
-peak bytes sent in one step, simulated and wall seconds, and the first step / tokens /
-bytes sent / simulated seconds at which its eval loss reached the target (by default
-the largest final eval loss among finished runs, so every finished run reaches it).
-Finished runs whose configs differ only in `seed` are also summarised as mean ±
-standard deviation over their seeds. It is printed, and written with the plots to
-OUT/report.md. Runs re-timed on other networks (`loco.retime`: WORKDIR/retimed/NAME)
-add a table of the simulated seconds to the target per run x network and one plot
-panel per network.
+damaged), final eval loss ± its standard error (clustered by document, `eval_loss_se`)
+and best eval loss, tokens, bytes sent and bytes received per worker, peak bytes sent
+in one step, simulated and wall seconds, and the first step / tokens / bytes sent /
+simulated seconds at which its eval loss reached the target (by default the largest
+final eval loss among finished runs, so every finished run reaches it). Finished runs
+whose configs differ only in `seed` are also summarised as mean ± standard deviation
+over their seeds, with the 95% CI of the mean, and plotted as one line (their mean)
+with a band from the lowest to the highest seed; every line has its own colour, line
+style and marker, so curves that coincide stay visible. The printed tables fit 100
+columns (the main columns; report.md, written with the plots to OUT, has them all).
+Runs re-timed on other networks (`loco.retime`: WORKDIR/retimed/NAME) add a table of
+the simulated seconds to the target per run x network and one plot panel per network.
+Two settings are compared, with a confidence interval of the difference, by
+`python -m loco.compare`.
 
 Damaged input: a torn last line of a run's metrics.jsonl (a crash mid-write) is left
 out and listed with the problems; a run with any other damaged file (config.json,
@@ -26,10 +31,11 @@ line (exit code 1; 2 for bad arguments), and nothing is written.
 import collections
 import json
 import math
-import statistics
 import os
 import re
+import statistics
 import sys
+import textwrap
 from typing import Any, Sequence
 
 from loco import cli
@@ -91,7 +97,8 @@ def _names(workdirs: Sequence[str]) -> list[str]:
 
 
 _EMPTY = dict(seed=None, setting=None, algorithm=None, command=None, step=None,
-              steps=None, final_eval_loss=None, best_eval_loss=None, tokens=None,
+              steps=None, final_eval_loss=None, final_eval_se=None, best_eval_loss=None,
+              tokens=None,
               bytes_sent=None, bytes_received=None, peak_bytes=None, sim_seconds=None,
               wall_seconds=None, metrics_problem=None, _evals=[])
 
@@ -107,10 +114,9 @@ def _run(workdir: str, name: str) -> dict[str, Any]:
   config, last, sweep = run.config, run.last, run.sweep_status or {}
   evals = [r for r in run.metrics if 'eval_loss' in r]
   finite_evals = [r['eval_loss'] for r in evals if _finite(r['eval_loss'])]
-  setting = _set_keys(_what_it_computes(config))
   return dict(
       name=name, workdir=workdir, seed=config.get('seed'),
-      setting=json.dumps(setting, sort_keys=True, default=str),
+      setting=json.dumps(setting(config), sort_keys=True, default=str),
       algorithm=(config.get('algorithm') or {}).get('name'),
       # `status` keeps the four values that callers (launch/claims.py) compare against;
       # `state` is the run's own (interrupted and running are incomplete there).
@@ -118,12 +124,35 @@ def _run(workdir: str, name: str) -> dict[str, Any]:
       state=run.status, error=run.error,
       command=sweep.get('command'), step=last.get('step'), steps=config.get('steps'),
       final_eval_loss=evals[-1]['eval_loss'] if evals else None,
+      final_eval_se=evals[-1].get('eval_loss_se') if evals else None,
       best_eval_loss=min(finite_evals, default=None),
       tokens=last.get('tokens'), bytes_sent=last.get('bytes_sent'),
       bytes_received=last.get('bytes_received'),
       peak_bytes=last.get('peak_bytes'), sim_seconds=last.get('sim_seconds'),
       wall_seconds=sweep.get('seconds'), metrics_problem=run.metrics_note,
       _evals=evals)
+
+
+def setting(config: dict[str, Any]) -> dict[str, Any]:
+  """What a run computes, flat ({'algorithm.name': 'diloco', ...}): its config without
+  the seed, the keys that only change how it executes or logs, and unset keys. Runs
+  with equal settings are seeds of one setting."""
+  return _set_keys(_what_it_computes(config))
+
+
+def differing_keys(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+  """The keys, sorted, whose values differ between two flat dicts (a missing key counts
+  as different)."""
+  return sorted(k for k in set(a) | set(b) if a.get(k, _MISSING) != b.get(k, _MISSING))
+
+
+_MISSING = object()
+
+
+def seedless_name(name: str) -> str:
+  """A run's name without its seed part ('ddp_seed2', 'ddp/seed=2' -> 'ddp'): the name
+  of its group."""
+  return re.sub(r'[_/,-]?seed[_=-]?\d+', '', name).rstrip('/,_-') or name
 
 
 def _what_it_computes(config: dict[str, Any]) -> dict[str, Any]:
@@ -193,11 +222,36 @@ def summarize(workdirs: Sequence[str], target: float | None = None,
 
 
 def plot_runs(workdirs: Sequence[str], out_dir: str, labels: Sequence[str] | None = None,
-              target: float | None = None) -> list[str]:
+              target: float | None = None,
+              groups: Sequence[tuple[str, Sequence[str]]] = ()) -> list[str]:
   """Plots eval loss against steps, tokens, bytes sent and simulated seconds
-  (`plots.against_axes`): one line per run with a metrics.jsonl; returns the PNGs."""
+  (`plots.against_axes`): one line per run with a metrics.jsonl, in its own colour,
+  line style and marker.
+
+  Args:
+    workdirs: the runs.
+    out_dir: where the PNGs go.
+    labels: a label per workdir; default: their paths relative to their common parent.
+    target: drawn as a dashed line.
+    groups: (label, labels of its runs) of seed groups: their runs are drawn as one
+      line, the mean over seeds, with a band from the lowest to the highest seed.
+
+  Returns:
+    The PNGs written.
+  """
   labels = list(labels) if labels is not None else _names(workdirs)
-  return plots.against_axes(_eval_series(zip(labels, workdirs)), out_dir, PLOTS, target)
+  evals = dict(_eval_series(zip(labels, workdirs)))
+  grouped = {label for _, members in groups for label in members}
+  drawn: list[tuple[str, list]] = []
+  for label in labels:
+    if label in evals and label not in grouped:
+      drawn.append((label, [evals[label]]))
+    for name, members in groups:
+      if label == members[0]:
+        runs_of = [evals[m] for m in members if m in evals]
+        if runs_of:
+          drawn.append((name, runs_of))
+  return plots.against_axes(drawn, out_dir, PLOTS, target)
 
 
 def _eval_series(pairs) -> list[tuple[str, list[dict[str, Any]]]]:
@@ -225,9 +279,10 @@ def networks(rows: Sequence[dict[str, Any]], order: Sequence[str] = ()
   return {**({AS_TRAINED: clocked} if clocked else {}), **{n: found[n] for n in names}}
 
 
-def network_table(by_network: dict[str, list[tuple[str, str]]], target: float | None
-                  ) -> str:
-  """Markdown: simulated seconds to the target (and in all) per run x network."""
+def network_cells(by_network: dict[str, list[tuple[str, str]]], target: float | None
+                  ) -> list[list[str]]:
+  """Simulated seconds to the target (and in all) per run x network: a header row,
+  then one row per run; the fastest to the target in bold."""
   runs = list(dict.fromkeys(name for pairs in by_network.values() for name, _ in pairs))
   cells = {}
   for network, pairs in by_network.items():
@@ -239,9 +294,16 @@ def network_table(by_network: dict[str, list[tuple[str, str]]], target: float | 
       if r['target_sim_seconds'] == best and best is not None:
         hit = f'**{hit}**'
       cells[r['name'], network] = f'{hit} ({_seconds(r["sim_seconds"])})'
-  lines = ['| run | ' + ' | '.join(by_network) + ' |', '|' + '---|' * (len(by_network) + 1)]
-  lines += ['| ' + ' | '.join([run] + [cells.get((run, n), '') for n in by_network]) + ' |'
-            for run in runs]
+  return [['run', *by_network]] + [[run] + [cells.get((run, n), '') for n in by_network]
+                                   for run in runs]
+
+
+def network_table(by_network: dict[str, list[tuple[str, str]]], target: float | None
+                  ) -> str:
+  """Markdown: simulated seconds to the target (and in all) per run x network."""
+  cells = network_cells(by_network, target)
+  lines = ['| ' + ' | '.join(cells[0]) + ' |', '|' + '---|' * len(cells[0])]
+  lines += ['| ' + ' | '.join(row) + ' |' for row in cells[1:]]
   return '\n'.join(lines)
 
 
@@ -260,13 +322,17 @@ def _int(x):
   return f'{x:,.0f}' if _finite(x) else '—'
 
 
-def _bytes(x):
+def human_bytes(x) -> str:
+  """'134.98 MB' (decimal units); '—' when unknown."""
   if not _finite(x):
     return '—'
   for unit, scale in (('GB', 1e9), ('MB', 1e6), ('KB', 1e3)):
     if abs(x) >= scale:
       return f'{x / scale:,.2f} {unit}'
   return f'{x:.0f} B'
+
+
+_bytes = human_bytes
 
 
 # What a byte count in metrics.jsonl measures, for ratios that say which they compare.
@@ -285,16 +351,28 @@ def fewer(reference: float, value: float, key: str = 'bytes_sent') -> str:
   return f'{max(ratio, 1 / ratio):,.1f}x {word} {BYTES_WHAT[key]}'
 
 
-def _seconds(x):
+def human_seconds(x) -> str:
+  """'31.9'; '—' when unknown or 0 (a run without a network has no simulated time)."""
   return f'{x:,.1f}' if _finite(x) and x > 0 else '—'
 
 
-# (header, row -> text) of each table column.
+_seconds = human_seconds
+
+
+def _loss_se(r) -> str:
+  """'2.2103 ± 0.0647': the final eval loss and its standard error (clustered by
+  document) where the run logged one."""
+  if _finite(r['final_eval_loss']) and _finite(r.get('final_eval_se')):
+    return f'{r["final_eval_loss"]:.4f} ± {r["final_eval_se"]:.4f}'
+  return _loss(r['final_eval_loss'])
+
+
+# (header, row -> text) of each column of the table in report.md: everything.
 COLUMNS = (
     ('run', lambda r: r['name']),
     ('algorithm', lambda r: r['algorithm'] or '—'),
     ('status', lambda r: r['state']),
-    ('final eval', lambda r: _loss(r['final_eval_loss'])),
+    ('final eval', _loss_se),
     ('best eval', lambda r: _loss(r['best_eval_loss'])),
     ('tokens', lambda r: _int(r['tokens'])),
     ('bytes sent / worker', lambda r: _bytes(r['bytes_sent'])),
@@ -308,10 +386,56 @@ COLUMNS = (
     ('target: sim s', lambda r: _seconds(r['target_sim_seconds'])),
 )
 
+# The printed table: the columns that answer "which is better, at what cost", in at
+# most WIDTH terminal columns; the rest are in report.md.
+TERMINAL_COLUMNS = (
+    ('run', lambda r: r['name']),
+    ('status', lambda r: r['state']),
+    ('final eval ± SE', _loss_se),
+    ('sent', lambda r: _bytes(r['bytes_sent'])),
+    ('received', lambda r: _bytes(r['bytes_received'])),
+    ('sim s', lambda r: _seconds(r['sim_seconds'])),
+    ('target step', lambda r: _int(r['target_step'])),
+)
+TERMINAL_LEGEND = ('sent, received: bytes per worker; sim s: simulated seconds; ± SE: '
+                   'the final eval\'s standard error, clustered by document. Every column '
+                   'is in report.md.')
+WIDTH = 100      # the printed tables and lines fit this many terminal columns
+
+
+def aligned(cells: Sequence[Sequence[str]], left: int = 1, width: int = WIDTH,
+            squeeze: int = 0) -> str:
+  """Rows of cells (the first the header) as plain text, columns two spaces apart: the
+  first `left` columns left-aligned, the rest (numbers) right-aligned. A table wider
+  than `width` shortens column `squeeze` (the names) in the middle, '…' marking the
+  cut, down to 8 characters."""
+  widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
+  over = sum(widths) + 2 * (len(widths) - 1) - width
+  if over > 0:
+    widths[squeeze] = max(8, widths[squeeze] - over)
+  def fit(text: str, w: int) -> str:
+    if len(text) <= w:
+      return text
+    head = (w - 1) - (w - 1) // 2
+    return text[:head] + '…' + text[len(text) - (w - 1 - head):]
+  lines = []
+  for row in cells:
+    parts = [fit(c, w).ljust(w) if i < left else fit(c, w).rjust(w)
+             for i, (c, w) in enumerate(zip(row, widths))]
+    lines.append('  '.join(parts).rstrip())
+  return '\n'.join(lines)
+
+
+def wrap(text: str, width: int = WIDTH, indent: str = '') -> str:
+  """A paragraph folded to `width` columns (continuation lines indented)."""
+  return textwrap.fill(text, width, subsequent_indent=indent, break_long_words=False,
+                       break_on_hyphens=False)
+
 
 def seed_groups(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
   """Finished runs whose configs differ only in `seed`, in groups of two or more: name
-  (the first run's, with its seed part removed), n, seeds, and the mean and sample
+  (the first run's, with its seed part removed), n, seeds, members (the runs' names),
+  and the mean and sample
   standard deviation of the final and best eval loss; bytes sent and received per
   worker (means)."""
   finished = [r for r in rows
@@ -320,10 +444,11 @@ def seed_groups(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
   for _, members in stats.seed_groups(finished, key=lambda r: r['setting']):
     if len({m['seed'] for m in members}) < 2:
       continue
-    name = re.sub(r'[_-]?seed[_=-]?\d+', '', members[0]['name']) or members[0]['name']
+    name = seedless_name(members[0]['name'])
     final = [m['final_eval_loss'] for m in members]
     best = [m['best_eval_loss'] for m in members]
     out.append(dict(name=name, n=len(members), seeds=sorted(m['seed'] for m in members),
+                    members=[m['name'] for m in members],
                     final_mean=statistics.mean(final), final_std=statistics.stdev(final),
                     final_ci=stats.mean_ci(final).ci,
                     best_mean=statistics.mean(best), best_std=statistics.stdev(best),
@@ -353,13 +478,23 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
   return '\n'.join(lines)
 
 
-def text_table(rows: Sequence[dict[str, Any]]) -> str:
-  """The table as plain aligned text (numbers right-aligned)."""
-  cells = [[h for h, _ in COLUMNS]] + [[str(f(r)) for _, f in COLUMNS] for r in rows]
-  widths = [max(len(row[i]) for row in cells) for i in range(len(COLUMNS))]
-  align = [str.ljust] * 3 + [str.rjust] * (len(COLUMNS) - 3)
-  return '\n'.join('  '.join(a(c, w) for a, c, w in zip(align, row, widths)).rstrip()
-                   for row in cells)
+def text_table(rows: Sequence[dict[str, Any]], width: int = WIDTH) -> str:
+  """The printed table (`TERMINAL_COLUMNS`), at most `width` columns wide: names
+  left-aligned, numbers right-aligned, long run names shortened in the middle."""
+  cells = [[h for h, _ in TERMINAL_COLUMNS]]
+  cells += [[str(f(r)) for _, f in TERMINAL_COLUMNS] for r in rows]
+  return aligned(cells, left=2, width=width)
+
+
+def seed_text_table(groups: Sequence[dict[str, Any]], width: int = WIDTH) -> str:
+  """The printed table of seed groups: mean final eval loss with its 95% CI over seeds,
+  the sample sd, and bytes."""
+  cells = [['seeds of', 'n', 'final eval: mean [95% CI]', 'sd', 'sent', 'received']]
+  cells += [[g['name'], str(g['n']),
+             f'{g["final_mean"]:.4f} [{g["final_ci"][0]:.4f}, {g["final_ci"][1]:.4f}]',
+             f'{g["final_std"]:.4f}', _bytes(g['bytes_sent']),
+             _bytes(g.get('bytes_received'))] for g in groups]
+  return aligned(cells, left=1, width=width)
 
 
 def _target_line(rows, given: bool) -> str:
@@ -436,7 +571,9 @@ def write_report(paths: Sequence[str], out: str | None = None,
       print(f'{PROG}: warning: {r["error"]} The run is listed as unreadable.',
             file=sys.stderr)
   target_used = rows[0]['target'] if rows else target
-  pngs = plot_runs(workdirs, out, names, target_used)
+  groups = seed_groups(rows)
+  pngs = plot_runs(workdirs, out, names, target_used,
+                   [(g['name'], g['members']) for g in groups])
   counts = collections.Counter([r['state'] for r in rows] + ['not started'] * len(missing))
   count_line = f'{len(rows) + len(missing)} runs: ' + ', '.join(
       f'{n} {s}' for s, n in sorted(counts.items()))
@@ -444,6 +581,10 @@ def write_report(paths: Sequence[str], out: str | None = None,
   by_network = networks(rows, order)
   lines = [f'# Report: {", ".join(paths)}', '', count_line + '.', '',
            _target_line(rows, target is not None), '', markdown_table(rows), '',
+           '"final eval" is the last eval loss (nats/token) ± its standard error over the '
+           'eval windows, clustered by document (how sure the eval set is; it does not '
+           'hold how much another seed would move the loss: see "Over seeds" and '
+           '`python -m loco.compare`). '
            'Bytes sent and received are per worker (cumulative); "peak bytes sent / step" is '
            'the most bytes one worker sent in one step; "sim s" is the simulated wall-clock on the '
            'configured network (— without one); "wall s" is the measured time over all '
@@ -463,14 +604,15 @@ def write_report(paths: Sequence[str], out: str | None = None,
               table, '']
     if png:
       lines += [f'![eval loss vs simulated seconds, per network]({NETWORKS_PNG})', '']
-  groups = seed_groups(rows)
   if groups:
     lines += ['## Over seeds', '',
               'Finished runs whose configs differ only in `seed` (or in keys that only '
               'change how a run executes or logs): mean ± sample standard deviation, and '
               'the 95% confidence interval of the mean from Student\'s t with n - 1 '
-              'degrees of freedom. To compare two settings, pair them by seed '
-              '(`loco.stats.paired_t`).', '', seed_table(groups), '']
+              'degrees of freedom. In the plots, a group is one line (the mean) with a '
+              'band from its lowest to its highest seed. To compare two settings with a '
+              'confidence interval (paired by seed): `python -m loco.compare A B`.', '',
+              seed_table(groups), '']
   lines += ['## Problems: failed, diverged, incomplete, unreadable and unstarted runs, '
             'damaged metrics', '',
             *([f'- {p}' for p in problems] or ['None.'])]
@@ -480,16 +622,20 @@ def write_report(paths: Sequence[str], out: str | None = None,
     lines += [f'- `{n}`: `{" ".join(["python", *c[1:]])}`' for n, c in commands]
   os.makedirs(out, exist_ok=True)
   path = os.path.join(out, runs.REPORT)
-  with open(path, 'w') as f:
-    f.write('\n'.join(lines) + '\n')
+  runs.write_atomic(path, '\n'.join(lines) + '\n')
   print(text_table(rows), file=stream)
-  print(count_line + '. ' + _target_line(rows, target is not None), file=stream)
+  print(wrap(TERMINAL_LEGEND), file=stream)
+  print(wrap(count_line + '. ' + _target_line(rows, target is not None)), file=stream)
   if groups:
-    print('over seeds (mean ± std):\n' + seed_table(groups), file=stream)
+    print('\nover seeds (runs whose configs differ only in seed; compare two settings '
+          'with loco.compare):', file=stream)
+    print(seed_text_table(groups), file=stream)
   if by_network:
-    print('simulated seconds to target (in all), per network:\n' + table, file=stream)
+    print('\nsimulated seconds to the target (in all), per network; ** the fastest:',
+          file=stream)
+    print(aligned(network_cells(by_network, target_used)), file=stream)
   for p in problems:
-    print(f'  {p.replace("`", "")}', file=stream)
+    print(wrap(f'  {p.replace("`", "")}', indent='    '), file=stream)
   print(f'report: {path}', file=stream, flush=True)
   return path
 

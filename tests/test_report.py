@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -47,6 +48,11 @@ def _records(evals, bytes_per_step=10.0, sim_per_step=0.0, extra=None):
       r.update(eval_loss=evals[step // 10 - 1], eval_loss_workers=9.0, worker_spread=0.0)
     out.append(r)
   return out
+
+
+def _cells(line):
+  """The cells of a printed table's line (columns are two or more spaces apart)."""
+  return re.split(r'\s{2,}', line.strip())
 
 
 @pytest.fixture
@@ -133,10 +139,12 @@ def test_write_report_table_plots_and_problem_runs(sweep_dir, tmp_path):
   table = printed.splitlines()
   header = next(line for line in table if line.startswith('run '))
   ddp = next(line for line in table if line.startswith('ddp '))
-  assert ddp.split() == ['ddp', 'ddp', 'finished', '2.2000', '2.1000', '30,000', '3.00', 'KB',
-                         '3.00', 'KB', '100', 'B', '—', '12', '20', '20,000', '2.00', 'KB', '—']
-  end = header.index('final eval') + len('final eval')   # numbers right-aligned
+  # The printed table: what decides "which is better, at what cost"; the rest is in
+  # report.md.
+  assert ddp.split() == ['ddp', 'finished', '2.2000', '3.00', 'KB', '3.00', 'KB', '—', '20']
+  end = header.index('final eval ± SE') + len('final eval ± SE')   # numbers right-aligned
   assert ddp.index('2.2000') + len('2.2000') == end
+  assert max(map(len, table)) <= 100
 
 
 def test_plot_runs_skips_sim_seconds_without_a_network(sweep_dir, tmp_path):
@@ -248,7 +256,12 @@ def test_runs_re_timed_on_other_networks_get_a_table_and_a_panel_each(tmp_path):
            '| ddp | 20.0 (30.0) | 200.0 (300.0) | **4.0** (6.0) |\n'
            '| diloco | **15.0** (15.0) | **18.0** (18.0) |  |')
   assert '## Re-timed on other networks' in text and table in text
-  assert table in stream.getvalue()
+  printed = stream.getvalue().splitlines()
+  at = printed.index('simulated seconds to the target (in all), per network; ** the fastest:')
+  assert [_cells(line) for line in printed[at + 1:at + 4]] == [
+      ['run', 'as trained', 'slow', 'fast'],
+      ['ddp', '20.0 (30.0)', '200.0 (300.0)', '**4.0** (6.0)'],
+      ['diloco', '**15.0** (15.0)', '**18.0** (18.0)']]
   assert f'({report.NETWORKS_PNG})' in text
   with open(os.path.join(root, report.NETWORKS_PNG), 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
@@ -293,4 +306,94 @@ def test_runs_that_differ_only_in_seed_are_summarised_as_mean_and_std(tmp_path):
   text = open(path).read()
   assert '## Over seeds' in text
   assert '| a | 3 | 0, 1, 2 | 2.2000 ± 0.2000 | [1.7032, 2.6968] |' in text
-  assert 'over seeds (mean ± std):' in out.getvalue()
+  printed = out.getvalue().splitlines()
+  at = next(i for i, line in enumerate(printed) if line.startswith('seeds of'))
+  assert [_cells(line) for line in printed[at:at + 3]] == [
+      ['seeds of', 'n', 'final eval: mean [95% CI]', 'sd', 'sent', 'received'],
+      ['a', '3', '2.2000 [1.7032, 2.6968]', '0.2000', '300 B', '300 B'],
+      ['b', '2', '2.0000 [-10.7062, 14.7062]', '1.4142', '300 B', '300 B']]
+  assert max(map(len, printed)) <= 100
+
+
+def test_the_printed_report_of_a_realistic_sweep_fits_100_columns(tmp_path, monkeypatch):
+  """The main sweep's five algorithms x 3 seeds, with its real sizes (GB of bytes, SEs,
+  simulated seconds), re-timed on two networks, and one run cut short: every printed
+  line fits 100 columns; report.md keeps every column, and the SE."""
+  monkeypatch.setattr(report.plots, 'against_axes', lambda *a, **k: [])   # tested above
+  monkeypatch.setattr(report.plots, 'network_panels', lambda *a, **k: None)
+  root = str(tmp_path / 'main')
+  done = dict(state='finished', returncode=0, error=None, seconds=788.0)
+  sizes = {'ddp': 2.25e7, 'diloco': 4.5e5, 'gasloc_ring': 5.14e5, 'sparseloco': 5.9e3,
+           'streaming_diloco': 5.6e4}
+  for algorithm, per_step in sizes.items():
+    for seed in range(3):
+      name = f'{algorithm}_seed{seed}'
+      evals = [3.1, 2.4 + seed / 100, 2.2 + seed / 100]
+      rows = _records(evals, bytes_per_step=per_step * 10, sim_per_step=0.42)
+      for r in rows:
+        r['tokens'] *= 4096
+        if 'eval_loss' in r:
+          r['eval_loss_se'] = 0.0647
+      path = _workdir(root, name, metrics=rows, status=done)
+      with open(os.path.join(path, 'config.json'), 'w') as f:
+        json.dump({'config': {'steps': 30, 'seed': seed, 'algorithm': {'name': algorithm}}},
+                  f)
+      for network in ('multi_region', 'slow_links'):
+        _workdir(path, f'retimed/{network}', algorithm,
+                 metrics=_records(evals, bytes_per_step=per_step, sim_per_step=12.5))
+  _workdir(root, 'streaming_diloco_with_a_long_descriptive_name_seed0_interrupted',
+           'streaming_diloco', metrics=_records([3.0]),
+           status=dict(state='interrupted', returncode=130, error='interrupted'))
+  with open(os.path.join(root, 'sweep.json'), 'w') as f:
+    json.dump({'runs': [], 'retimes': {'multi_region': {}, 'slow_links': {}}}, f)
+  stream = io.StringIO()
+  text = open(report.write_report([root], stream=stream)).read()
+  printed = stream.getvalue().splitlines()
+  assert max(map(len, printed)) <= 100, '\n'.join(l for l in printed if len(l) > 100)
+  ddp = next(line for line in printed if line.startswith('ddp_seed0 '))
+  assert _cells(ddp) == ['ddp_seed0', 'finished', '2.2000 ± 0.0647', '6.75 GB', '6.75 GB',
+                         '12.6', '30']
+  assert any(line.startswith('streaming_dilo…0_interrupted  interrupted') for line in printed)
+  seeds = next(line for line in printed if line.startswith('ddp '))
+  assert _cells(seeds)[:3] == ['ddp', '3', '2.2100 [2.1852, 2.2348]']
+  # report.md: every column, full names.
+  assert ('| ddp_seed0 | ddp | finished | 2.2000 ± 0.0647 | 2.2000 | 122,880,000 | 6.75 GB | '
+          '6.75 GB | 225.00 MB | 12.6 | 788 |') in text
+  assert '| streaming_diloco_with_a_long_descriptive_name_seed0_interrupted |' in text
+
+
+def test_plots_keep_coinciding_curves_visible_and_band_seed_groups(tmp_path, monkeypatch):
+  """Two runs with the same curve are both visible (own line style and marker, the later
+  one thinner on top); a seed group is one line, its mean, with a min-max band."""
+  root = str(tmp_path / 'runs')
+  for name, evals in (('a', [3.0, 2.5, 2.2]), ('b', [3.0, 2.5, 2.2]),
+                      ('s_seed0', [3.0, 2.4, 2.0]), ('s_seed1', [3.2, 2.6, 2.4])):
+    _workdir(root, name, 'ddp', metrics=_records(evals))
+  figures = {}
+  def keep(fig, path, dpi=90):
+    figures[os.path.basename(path)] = fig
+  monkeypatch.setattr(report.plots, 'save', keep)
+  workdirs = [os.path.join(root, n) for n in ('a', 'b', 's_seed0', 's_seed1')]
+  report.plot_runs(workdirs, str(tmp_path / 'out'), ['a', 'b', 's_seed0', 's_seed1'],
+                   groups=[('s', ['s_seed0', 's_seed1'])])
+  ax = figures['eval_loss_vs_steps.png'].axes[0]
+  lines = {line.get_label(): line for line in ax.lines}
+  assert sorted(lines) == ['a', 'b', 's (mean of 2 seeds, band: min-max)']
+  a, b, s = lines['a'], lines['b'], lines['s (mean of 2 seeds, band: min-max)']
+  assert list(a.get_ydata()) == list(b.get_ydata())          # they coincide ...
+  assert a.get_linestyle() != b.get_linestyle() and a.get_marker() != b.get_marker()
+  assert b.get_zorder() > a.get_zorder() and b.get_linewidth() < a.get_linewidth()
+  assert a.get_markerfacecolor() == 'none'                   # ... and both show
+  assert list(s.get_ydata()) == pytest.approx([3.1, 2.5, 2.2])
+  (band,) = ax.collections
+  ys = band.get_paths()[0].vertices[:, 1]
+  assert min(ys) == pytest.approx(2.0) and max(ys) == pytest.approx(3.2)
+  assert ax.get_ylabel().startswith('eval loss (nats/token')
+  assert report.plots.si(1.5e6, 'B') == '1.5 MB' and report.plots.si(2e5) == '200k'
+
+
+@pytest.mark.parametrize('name, group', [
+    ('ddp_seed2', 'ddp'), ('ddp/seed=2', 'ddp'), ('diloco,seed=10', 'diloco'),
+    ('a-seed3', 'a'), ('seed1', 'seed1'), ('h=5/seed=0', 'h=5'), ('ddp', 'ddp')])
+def test_a_runs_group_name_drops_its_seed_part(name, group):
+  assert report.seedless_name(name) == group
