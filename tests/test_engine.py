@@ -62,7 +62,25 @@ def test_a_bare_factory_lacks_what_the_suites_need():
     assert algorithms.make('bare_ddp', optax.sgd(0.1)).init is not None
   finally:
     del algorithms.REGISTRY['bare_ddp']
-    configs.forget_schema()
+
+
+def test_registering_an_algorithm_with_a_new_key_puts_it_in_the_schema():
+  """The schema's algorithm section follows the registry with no call to clear a cache
+  (configs stands above the algorithms; they do not import it back)."""
+  spec = algorithms.REGISTRY['ddp']
+  assert 'algorithm.loudness' not in configs.schema()
+
+  def factory(inner, *, mesh=None, loudness: float = 1.0):
+    del loudness
+    return spec.factory(inner, mesh=mesh)
+
+  algorithms.register('loud_ddp', algorithms.AlgorithmSpec(
+      factory, keys={'loudness': algorithms.Key(float, 'how loud', 'positive')}))
+  try:
+    assert configs.schema()['algorithm.loudness'] == (float, True)
+  finally:
+    del algorithms.REGISTRY['loud_ddp']
+  assert 'algorithm.loudness' not in configs.schema()
 
 
 def _quadratic_setup(key=0):

@@ -58,8 +58,6 @@ def register(name: str, spec: AlgorithmSpec | Callable[..., Algorithm]) -> None:
       and the test suites have no example to run it with).
   """
   REGISTRY[name] = spec if isinstance(spec, AlgorithmSpec) else AlgorithmSpec(spec)
-  from loco import configs   # the schema's algorithm section is the registry's keys
-  configs.forget_schema()
 
 
 def spec_of(name: str) -> AlgorithmSpec:

@@ -100,10 +100,23 @@ _OVERRIDE = re.compile(r'^--?(no)?config\.([^=]*)(=(.*))?$', re.DOTALL)
 _CONFIG_FLAG = re.compile(r'^--?config(=(.*))?$', re.DOTALL)
 
 
-@functools.cache
 def schema() -> dict[str, tuple[type, bool]]:
-  """Every key of loco/configs/default.py: dotted path -> (type, whether None is allowed)."""
-  from loco.configs import default   # imports the algorithms: their keys are its section
+  """Every key of loco/configs/default.py: dotted path -> (type, whether None is allowed).
+
+  Cached per state of the algorithm registry: the schema's algorithm section is the
+  registered algorithms' keys, so `algorithms.register` makes a new schema."""
+  return _schema(_registry_key())
+
+
+def _registry_key() -> tuple[tuple[str, int], ...]:
+  from loco import algorithms   # configs stands above the algorithms: their keys are its section
+  return tuple((name, id(spec)) for name, spec in algorithms.REGISTRY.items())
+
+
+@functools.lru_cache(maxsize=4)
+def _schema(registry_key) -> dict[str, tuple[type, bool]]:
+  del registry_key   # the cache's key only
+  from loco.configs import default
   out = {}
 
   def walk(c, prefix):
@@ -120,14 +133,13 @@ def schema() -> dict[str, tuple[type, bool]]:
   return out
 
 
-def forget_schema() -> None:
-  """Drops the cached schema (after `algorithms.register` adds keys to its section)."""
-  schema.cache_clear()
-  _sections.cache_clear()
-
-
-@functools.cache
 def _sections() -> frozenset[str]:
+  return _sections_of(_registry_key())
+
+
+@functools.lru_cache(maxsize=4)
+def _sections_of(registry_key) -> frozenset[str]:
+  del registry_key   # the cache's key only
   parts = [k.split('.') for k in schema()]
   return frozenset('.'.join(p[:i]) for p in parts for i in range(1, len(p)))
 
