@@ -40,13 +40,11 @@ experiment's docstring, and every row of the table must be a record's.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import dataclasses
 import datetime
 import hashlib
 import json
-import math
 import os
 import re
 import shlex
@@ -83,7 +81,8 @@ _PHRASES = (
     ('bytes_sent', re.compile(_NUM + r'\s+' + _UNIT + r'\s+sent\s+per\s+worker')),
 )
 _OWNED = re.compile(r"\b([a-z][a-z0-9_]*)'s\s+" + _NUM + r'(?:\s+' + _UNIT + r'\b)?')
-_FLAG = re.compile(r'--config\.[\w.]+=[^\s`,;)]+')
+# A flag's value ends before white space, `,;)` or the `.` / `:` that ends a sentence.
+_FLAG = re.compile(r'--config\.[\w.]+=[^\s`,;)]*[^\s`,;):.]')
 # Losses are kept to 4 decimals: a stated loss may differ from the run's by that rounding too.
 _LOSS_KEYS = ('eval_loss', 'eval_loss_se', 'eval_loss_workers', 'worker_spread')
 
@@ -159,8 +158,8 @@ def _format(value: Any) -> str:
   return sweep._format(value)   # pylint: disable=protected-access
 
 
-def records(measured: Sequence[Measured] = RECORDS, repo: str = REPO) -> list[Record]:
-  """RECORDS resolved (each spec read once).
+def records(measured: Sequence[Measured] | None = None, repo: str = REPO) -> list[Record]:
+  """`measured` (default RECORDS) resolved, each spec read once.
 
   Raises:
     LocoError: a spec has no run of a record's name, or two records share a name.
@@ -168,7 +167,7 @@ def records(measured: Sequence[Measured] = RECORDS, repo: str = REPO) -> list[Re
   from loco import sweep
   specs: dict[str, dict[str, Any]] = {}
   out = []
-  for m in measured:
+  for m in RECORDS if measured is None else measured:
     if m.spec is not None:
       if m.spec not in specs:
         specs[m.spec] = {r.name: r for r in sweep.load_spec(os.path.join(repo, m.spec))}
@@ -436,7 +435,7 @@ def docstring_claims(text: str, path: str, recs: Sequence[Record],
     first_line: the file's line number of the text's first line (for `where`).
   """
   stem = os.path.splitext(os.path.basename(path))[0]
-  defaults = _defaults(recs)
+  defaults, stems = _defaults(recs), _stems()
   anchors = {r.anchor: r for r in recs if r.anchor is not None and r.stem == stem}
   own = defaults.get(stem)
   claims: list[Claim] = []
@@ -447,7 +446,7 @@ def docstring_claims(text: str, path: str, recs: Sequence[Record],
       continue
     events = []   # (start, end, kind, match)
     for m in _OWNED.finditer(paragraph):
-      if m.group(1) in _stems():
+      if m.group(1) in stems:
         events.append((m.start(), m.end(), 'owned', m))
     taken = [(s, e) for s, e, _, _ in events]
     for key, pattern in _PHRASES:
@@ -505,13 +504,11 @@ def readme_claims(text: str, recs: Sequence[Record], path: str = README) -> list
   """The eval loss and bytes of each row of the results table (and a claim with no
   record for a row that is no record's, or no table)."""
   lines = text.splitlines()
-  start = next((i for i, l in enumerate(lines) if l.strip() == RESULTS_HEADING), None)
-  header = None
-  for i in range(start or 0, len(lines)) if start is not None else ():
-    cells = _cells(lines[i])
-    if cells and 'eval loss' in cells and 'bytes / worker' in cells:
-      header = i
-      break
+  start = next((i for i, l in enumerate(lines) if l.strip() == RESULTS_HEADING), len(lines))
+  end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith('## ')),
+             len(lines))
+  header = next((i for i in range(start, end)
+                 if {'eval loss', 'bytes / worker'} <= set(_cells(lines[i]))), None)
   if header is None:
     return [Claim(path, None, 'table', '(none)', None, 0.0,
                   f'no table with `eval loss` and `bytes / worker` columns under '
@@ -653,8 +650,11 @@ def check(expected_path: str, say=print, repo: str = REPO) -> int:
   for name, what in stale:
     say(f'STALE {name}: {what}')
   bad = sum(not r.ok for r in rows)
-  if stale:
-    say(f'then: {remeasure_command([n for n, _ in stale if n in {r.name for r in recs}])}')
+  current = [n for n, _ in stale if n in {r.name for r in recs}]
+  if current:
+    say(f're-measure: {remeasure_command(current)}')
+  elif stale:      # only entries that are no longer records: any harvest drops them
+    say(f'rewrite it: python {SCRIPT} --from=DIR')
   say(f'{len(rows) - bad} of {len(rows)} stated numbers match {_shown(expected_path)}'
       + (f'; {len(stale)} stale record(s)' if stale else ''))
   return 1 if bad or stale else 0
@@ -703,14 +703,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                          only=[r.name for r in recs])
     from loco import sweep
     out = os.path.abspath(args.out)
+    cwd = os.getcwd()
     os.chdir(REPO)       # the commands name their config files from the repository root
-    code = sweep.run_sweep([sweep.Run(r.name, r.config, r.overrides) for r in recs], out,
-                           spec=SCRIPT, report=False)
+    try:
+      code = sweep.run_sweep([sweep.Run(r.name, r.config, r.overrides) for r in recs], out,
+                             spec=SCRIPT, report=False)
+    finally:
+      os.chdir(cwd)
     if code == 130:
       return code
     done = [r.name for r in recs if runs_lib.is_run(os.path.join(out, r.name))
             and runs_lib.read_run(os.path.join(out, r.name)).status == 'finished']
-    harvested = harvest_all(records(), [out], expected_path, only=done) if done else 0
+    harvested = harvest_all(everything, [args.out], expected_path, only=done) if done else 0
     return code or harvested
 
   return cli.run(PROG, body)
