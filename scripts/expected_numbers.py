@@ -60,8 +60,8 @@ from loco import configs  # noqa: E402
 from loco import runs as runs_lib  # noqa: E402
 from loco.errors import LocoError, UsageError  # noqa: E402
 
-PROG = 'expected_numbers'
 SCRIPT = 'scripts/expected_numbers.py'
+PROG = SCRIPT
 EXPECTED = 'experiments/expected.json'
 GOLDEN = 'tests/golden/trajectories.json'
 README = 'README.md'
@@ -353,13 +353,13 @@ def harvest_all(recs: Sequence[Record], dirs: Sequence[str], expected_path: str,
   width = max(len(r.name) for r in recs)
   for record in recs:
     before = old.get(record.name)
-    workdir = None if only is not None and record.name not in only else (
-        find_run(record.name, dirs))
+    chosen = only is None or record.name in only
+    workdir = find_run(record.name, dirs) if chosen else None
     if workdir is None:
       if before is None:
         missing.append(record.name)
-        lines.append(f'{record.name:<{width}}  missing: in none of '
-                     f'{", ".join(map(_shown, dirs))}')
+        lines.append(f'{record.name:<{width}}  missing: ' + (
+            f'in none of {", ".join(map(_shown, dirs))}' if chosen else 'not in --only'))
       else:
         new[record.name] = before
         lines.append(f'{record.name:<{width}}  kept (measured in {before.get("measured_in")}'
@@ -674,7 +674,7 @@ def _only(text: str | None, recs: Sequence[Record]) -> list[Record]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = cli.Parser(prog=f'python {SCRIPT}', description=__doc__.split('\n\n')[0])
+  parser = cli.Parser(prog=PROG, description=__doc__.split('\n\n')[0])
   mode = parser.add_mutually_exclusive_group(required=True)
   mode.add_argument('--check', action='store_true',
                     help='compare the stated numbers with the expected file')

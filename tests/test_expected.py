@@ -394,17 +394,18 @@ def test_harvest_refuses_the_same_old_run_for_a_stale_record(tmp_path, expected,
 def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path, capsys, recs):
   assert script.main(['--check', f'--expected={tmp_path / "none.json"}']) == 1
   err = capsys.readouterr().err.strip()
-  assert err.startswith('expected_numbers: error: ') and 'does not exist' in err
+  assert err.startswith('scripts/expected_numbers.py: error: ') and 'does not exist' in err
   assert '\n' not in err
   assert script.main(['--run', '--only=nope']) == 2
   err = capsys.readouterr().err.strip()
-  assert err.startswith('expected_numbers: error: --only names no record nope') and '\n' not in err
+  assert err.startswith('scripts/expected_numbers.py: error: --only names no record nope')
+  assert '\n' not in err
   runs = tmp_path / 'runs'
   _fake_run(runs / 'diloco', _record(recs, 'tiny_gasloc_m09'))   # another command's run
   assert script.main([f'--from={runs}', f'--expected={tmp_path / "e.json"}',
                       '--only=diloco']) == 1
   err = capsys.readouterr().err.strip()
-  assert err.startswith('expected_numbers: error: ') and '\n' not in err
+  assert err.startswith('scripts/expected_numbers.py: error: ') and '\n' not in err
   assert 'was not made by the command of record diloco' in err
   assert not (tmp_path / 'e.json').exists()      # nothing written
   (tmp_path / 'damaged.json').write_text('{"records": [1]}')
