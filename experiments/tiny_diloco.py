@@ -6,8 +6,9 @@ Command:
 Expected: about 10 minutes on 2 CPU cores; final eval_loss 2.173 nats/byte, 135 MB sent
 per worker (seed 0, every row of a batch an independent window, measured in
 `python -m loco.sweep launch/sweeps/main.py`; 2.268 on the stream layout before 26
-November 2026). WORKSPACE.md (DDP vs DiLoCo vs Local SGD) has Local SGD; outer lr and momentum here are tuned for
-short from-scratch runs (the paper's 0.7 / 0.9 overshoot at this scale).
+November 2026). WORKSPACE.md (DDP vs DiLoCo vs Local SGD) has Local SGD; outer lr and
+momentum here are tuned for short from-scratch runs (the paper's 0.7 / 0.9 overshoot at
+this scale).
 """
 
 from loco.configs import default
