@@ -111,6 +111,14 @@ def _is_saved(path: str) -> bool:
       os.path.isfile(os.path.join(path, f)) for f in ('state.json', 'dataset_dict.json'))
 
 
+def _saved_without_rows(path: str) -> bool:
+  try:
+    with open(os.path.join(path, 'state.json')) as f:
+      return json.load(f).get('_data_files') == []
+  except (OSError, ValueError, AttributeError):
+    return False
+
+
 def hf_spec(cfg: config_lib.DataConfig) -> HfSpec:
   """The corpus `cfg` names (`source='hf'`); lists a local dataset's files, reads nothing.
 
@@ -163,10 +171,13 @@ def _open_split(spec: HfSpec, split: str):
   if spec.saved:
     try:
       loaded = datasets.load_from_disk(spec.dataset)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except Exception as e:  # pylint: disable=broad-except  (any damage to the folder)
+      if _saved_without_rows(spec.dataset):   # `datasets` cannot load its own empty save
+        raise errors.DataError(
+            f'{spec.description} has no rows: the dataset is empty.') from None
       raise errors.DataError(
           f'{spec.description} cannot be read as a save_to_disk folder: '
-          f'{_first_line(e)}') from None
+          f'{type(e).__name__}: {_first_line(e)}') from None
     if isinstance(loaded, datasets.DatasetDict):
       if split not in loaded:
         raise errors.DataError(
