@@ -210,8 +210,9 @@ def _open_split(spec: HfSpec, split: str):
         f'({_first_line(e)}); on a machine without network, prepare it once where there '
         'is one and copy data.data_dir, or give a local dataset.') from None
   except FileNotFoundError as e:   # DatasetNotFoundError, no data files
+    where = '' if spec.local else ' (and there is no local path of that name)'
     raise errors.DataError(
-        f'{spec.description} is not found: {_first_line(e)}') from None
+        f'{spec.description} is not found{where}: {_first_line(e)}') from None
   except ValueError as e:   # an unknown split or configuration
     raise errors.DataError(
         f'{spec.description} cannot be opened with configuration '

@@ -4,7 +4,8 @@ Every tokenizer has `vocab_size`, `eos_id`, `encode(text) -> int32 array`,
 `decode(ids) -> str`. `encode` never adds EOS; the pipeline appends `eos_id`
 after every document, so EOS separates packed documents.
 
-Train a SentencePiece model on a loco source (here the embedded stdlib corpus):
+Train a SentencePiece model on a loco source (here the embedded stdlib corpus; a
+Hugging Face dataset with --source=hf --hf_dataset=NAME_OR_PATH, as data.hf_*):
 
   python -m loco.data.tokenizers train --source=stdlib --vocab_size=4096 \
       --output=/tmp/stdlib_4k.model
@@ -361,6 +362,8 @@ def _train_main(args: argparse.Namespace) -> None:
   cfg = config_lib.DataConfig(
       source=args.source, tfds_name=args.tfds_name, data_dir=args.data_dir,
       text_glob=args.text_glob, text_key=args.text_key,
+      hf_dataset=args.hf_dataset, hf_config=args.hf_config,
+      hf_streaming=args.hf_streaming, hf_max_docs=args.hf_max_docs,
       # Only `split` is read; eval_split just has to differ from it.
       train_split=args.split,
       eval_split='validation' if args.split != 'validation' else 'train')
@@ -383,6 +386,11 @@ def main(argv: list[str] | None = None) -> int:
   train.add_argument('--data_dir', default='')
   train.add_argument('--text_glob', default='')
   train.add_argument('--text_key', default='text')
+  train.add_argument('--hf_dataset', default='',
+                     help="source hf: a Hub name or a local dataset (as data.hf_dataset)")
+  train.add_argument('--hf_config', default='')
+  train.add_argument('--hf_streaming', action='store_true')
+  train.add_argument('--hf_max_docs', type=int, default=0)
   train.add_argument('--split', default='train')
   train.add_argument('--vocab_size', type=int, default=4096)
   train.add_argument('--model_type', default='bpe', choices=('bpe', 'unigram'))
