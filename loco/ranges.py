@@ -15,6 +15,7 @@ RULES = {
     'in [0, 1]': lambda x: 0 <= x <= 1,
     'in [0, 1)': lambda x: 0 <= x < 1,
     'in (0, 1]': lambda x: 0 < x <= 1,
+    'in (0, 1)': lambda x: 0 < x < 1,
     'in [0, 2**32)': lambda x: 0 <= x < 2**32,   # seeds: JAX keys take 32 bits
 }
 

@@ -2,10 +2,11 @@
 
 Tests never read or write the user's home: before anything imports loco, HOME points at
 a fresh temporary directory and $LOCO_DATA_DIR is unset, so every default path (the
-prepared-corpus cache `~/.cache/loco/tfds`, matplotlib's cache) lands in a throw-away
-place, as on a new machine. A guard fails the run if anything still touches the real
-`~/.cache/loco`: an audit hook sees every Python-level file access under it, and its
-listing is compared before and after the session (for C++ readers such as tensorstore).
+prepared-corpus cache `~/.cache/loco/tfds`, matplotlib's and Hugging Face's caches) lands
+in a throw-away place, as on a new machine; Hugging Face's libraries are kept offline. A
+guard fails the run if anything still touches the real `~/.cache/loco`: an audit hook
+sees every Python-level file access under it, and its listing is compared before and
+after the session (for C++ readers such as tensorstore).
 JAX sees 8 CPU devices, so mesh tests run in-process.
 """
 
@@ -22,6 +23,11 @@ _TEST_HOME = tempfile.mkdtemp(prefix='loco-test-home-')
 os.environ['HOME'] = _TEST_HOME            # subprocesses started by tests inherit it
 os.environ.pop('LOCO_DATA_DIR', None)
 os.environ.setdefault('MPLCONFIGDIR', os.path.join(_TEST_HOME, '.config', 'matplotlib'))
+# Hugging Face's caches under the temporary HOME too (HF_HOME, when set, would win over
+# HOME), and its libraries never reach the network: tests make their datasets locally.
+os.environ['HF_HOME'] = os.path.join(_TEST_HOME, '.cache', 'huggingface')
+os.environ.pop('HF_DATASETS_CACHE', None)
+os.environ['HF_HUB_OFFLINE'] = os.environ['HF_DATASETS_OFFLINE'] = '1'
 
 _touched: list[tuple[str, str]] = []
 _guard_listing = False   # the guard's own listing of the real cache is not a touch

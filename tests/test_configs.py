@@ -46,12 +46,32 @@ def sp_model(tmp_path_factory, small_corpus_glob):
   return path
 
 
+@pytest.fixture(scope='module')
+def hf_tokenizer(tmp_path_factory, small_corpus_glob):
+  """A small tokenizer.json standing in for the one the user points at (GPT-2's); ''
+  without the [hf] extra (the configs that need it are then skipped)."""
+  try:
+    import tokenizers  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return ''
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  texts = (open(p).read() for p in sorted(glob.glob(small_corpus_glob)))
+  tok.train_from_iterator(texts, tokenizers.trainers.BpeTrainer(
+      vocab_size=400, special_tokens=['<|endoftext|>'], show_progress=False))
+  path = str(tmp_path_factory.mktemp('hf') / 'tokenizer.json')
+  tok.save(path)
+  return path
+
+
 @pytest.mark.parametrize('name', CONFIGS)
-def test_config_initialises_abstractly(name, sp_model):
+def test_config_initialises_abstractly(name, sp_model, hf_tokenizer):
   module, config = _get_config(name)
   assert module.__doc__ and 'python -m loco.main' in module.__doc__, (
       'a config file documents its command, runtime and expected result')
-  exp = experiment.parse_config(_with_user_paths(config, sp_model))
+  if 'hf' in (config.data.source, config.data.tokenizer) and not _has_hf_extra():
+    pytest.skip("needs the [hf] extra (pip install -e '.[hf]'; in [test])")
+  exp = experiment.parse_config(_with_user_paths(config, sp_model, hf_tokenizer))
   algorithm = experiment.build_algorithm(exp)
   key = jax.random.PRNGKey(0)
   params = jax.eval_shape(lambda k: model_lib.init_params(exp.model, k)[1], key)
@@ -61,10 +81,17 @@ def test_config_initialises_abstractly(name, sp_model):
   assert model_lib.flops_per_token(exp.model, exp.run.seq_len) > 0
 
 
-def _with_user_paths(config, sp_model):
-  # Paper-scale configs leave the SentencePiece model path to the user's command line.
+def _has_hf_extra() -> bool:
+  import importlib.util  # pylint: disable=g-import-not-at-top
+  return all(importlib.util.find_spec(p) for p in ('datasets', 'tokenizers'))
+
+
+def _with_user_paths(config, sp_model, hf_tokenizer=''):
+  # Paper-scale configs leave the tokenizer's path to the user's command line.
   if config.data.tokenizer == 'sentencepiece' and not config.data.sp_model:
     config.data.sp_model = sp_model
+  if config.data.tokenizer == 'hf' and not config.data.hf_tokenizer:
+    config.data.hf_tokenizer = hf_tokenizer
   return config
 
 

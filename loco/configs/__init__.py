@@ -58,6 +58,8 @@ CONSTRAINTS = {
     'model.z_loss': '>= 0',
     'data.read_threads': '>= 0',
     'data.window_pool_tokens': '>= 1',
+    'data.hf_eval_fraction': 'in (0, 1)',
+    'data.hf_max_docs': '>= 0',
     'optimizer.lr': 'positive',
     'optimizer.warmup_steps': '>= 0',
     'optimizer.decay_steps': '>= 1',

@@ -38,15 +38,30 @@ def get_config() -> config_dict.ConfigDict:
   c.model.dtype = placeholder(str)        # float32 | bfloat16 compute dtype
 
   c.data = config_dict.ConfigDict()
-  c.data.source = 'stdlib'          # stdlib (embedded, no download) | text | tfds
+  c.data.source = 'stdlib'          # stdlib (embedded, no download) | text | tfds | hf
   c.data.tfds_name = ''             # e.g. 'loco_c4/en:1.0.0' (C4, python -m loco.data.prepare c4)
   c.data.data_dir = ''              # '' -> $LOCO_DATA_DIR or ~/.cache/loco/tfds
   c.data.text_glob = ''             # files to train on when source == 'text'
-  c.data.text_key = 'text'          # the text feature of a TFDS dataset
+  c.data.text_key = 'text'          # the text feature of a TFDS dataset, column of an HF one
   c.data.train_split = 'train'
   c.data.eval_split = 'validation'
-  c.data.tokenizer = 'bytes'        # bytes | sentencepiece
+  c.data.tokenizer = 'bytes'        # bytes | sentencepiece | hf (pip install -e '.[hf]')
   c.data.sp_model = ''              # SentencePiece .model path (tokenizer == sentencepiece)
+  c.data.hf_tokenizer = ''          # tokenizer == hf: a tokenizer.json (the tokenizers library's)
+                                    # or a folder holding one; its vocabulary sets the model's
+  # source == hf (pip install -e '.[hf]'; loco/data/hf.py): the rows are prepared once into
+  # a loco corpus in data_dir (train / validation splits, as for text files), then read
+  # like one; data.train_split / eval_split name those prepared splits.
+  c.data.hf_dataset = ''            # a Hub name ('HuggingFaceFW/fineweb-edu': downloaded) or a
+                                    # local path: a save_to_disk folder, or a folder of files
+  c.data.hf_config = ''             # the dataset's configuration ('sample-10BT'); '' none
+  c.data.hf_train_split = 'train'   # the HF split the training documents come from
+  c.data.hf_eval_split = ''         # the HF split held out for evaluation; '' carves
+                                    # hf_eval_fraction of hf_train_split's rows (by content hash)
+  c.data.hf_eval_fraction = 0.05    # the carved share, when hf_eval_split is ''
+  c.data.hf_max_docs = 0            # rows read from each HF split, the first in stored order;
+                                    # 0: all (a Hub dataset may be terabytes: set it)
+  c.data.hf_streaming = False       # stream a Hub dataset's rows instead of downloading it whole
   c.data.sharding = 'iid'           # iid | noniid: how documents are split across workers
   c.data.noniid_by = 'file'         # file | cluster (non-iid split rule; cluster reads <= 200k docs)
   c.data.read_threads = 2           # reader threads per worker for a TFDS source

@@ -1,4 +1,5 @@
-"""loco's data: the embedded stdlib corpus, own text files or TFDS; tokenizers;
+"""loco's data: the embedded stdlib corpus, own text files, TFDS or Hugging Face datasets;
+tokenizers (bytes, SentencePiece, Hugging Face's);
 per-worker (iid / non-iid) training batches whose every row is an independent packed
 window of the worker's share (`sampling.py`), with exact resume; eval batches;
 fingerprints for config.json.
@@ -24,6 +25,7 @@ _EXPORTS = {
     'make_train_iterator': 'loco.data.pipeline',
     'unigram_entropy_nats': 'loco.data.pipeline',
     'ByteTokenizer': 'loco.data.tokenizers',
+    'HfTokenizer': 'loco.data.tokenizers',
     'SentencePieceTokenizer': 'loco.data.tokenizers',
     'Tokenizer': 'loco.data.tokenizers',
     'make_tokenizer': 'loco.data.tokenizers',
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
   from loco.data.pipeline import TrainIterator
   from loco.data.pipeline import unigram_entropy_nats
   from loco.data.tokenizers import ByteTokenizer
+  from loco.data.tokenizers import HfTokenizer
   from loco.data.tokenizers import make_tokenizer
   from loco.data.tokenizers import SentencePieceTokenizer
   from loco.data.tokenizers import Tokenizer

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 
 from loco import errors
 
-SOURCES = ('stdlib', 'text', 'tfds')
-TOKENIZERS = ('bytes', 'sentencepiece')
+SOURCES = ('stdlib', 'text', 'tfds', 'hf')
+TOKENIZERS = ('bytes', 'sentencepiece', 'hf')
 SHARDINGS = ('iid', 'noniid')
 NONIID_BY = ('file', 'cluster')
 SAMPLINGS = ('windows', 'stream')
@@ -25,6 +26,9 @@ C4_TOKENIZER_COMMAND = (
     '--output=DATA_DIR/c4_en_32k.model')
 C4_README = 'README, "Paper-scale runs (C4)"'
 
+# What source 'hf' and tokenizer 'hf' import, and the line that says how to get them.
+HF_EXTRA = "pip install -e '.[hf]'"
+
 
 def is_c4(tfds_name: str) -> bool:
   """Whether `tfds_name` is the C4 dataset that loco prepares."""
@@ -39,15 +43,23 @@ class DataConfig:
   here so that a typo fails before any file is read.
   """
 
-  source: str = 'stdlib'        # stdlib (embedded, no download) | text (own files) | tfds
+  source: str = 'stdlib'        # stdlib (embedded, no download) | text (own files) | tfds | hf
   tfds_name: str = ''           # e.g. C4_TFDS_NAME (loco.data.prepare c4) when source == 'tfds'
   data_dir: str = ''            # '' -> $LOCO_DATA_DIR or ~/.cache/loco/tfds; gs:// passes
   text_glob: str = ''           # files when source == 'text' ('**' recurses); one per document
-  text_key: str = 'text'        # the feature holding the text in a TFDS dataset
+  text_key: str = 'text'        # the feature (tfds) or column (hf) holding the text
   train_split: str = 'train'    # TFDS split syntax, slices allowed ('train[:10%]')
   eval_split: str = 'validation'  # must differ from train_split
-  tokenizer: str = 'bytes'      # bytes (vocab 257, EOS 256) | sentencepiece
+  tokenizer: str = 'bytes'      # bytes (vocab 257, EOS 256) | sentencepiece | hf
   sp_model: str = ''            # SentencePiece .model path (tokenizer == 'sentencepiece')
+  hf_tokenizer: str = ''        # tokenizer.json, or a folder holding it (tokenizer == 'hf')
+  hf_dataset: str = ''          # source 'hf': a Hub name or a local path (loco.data.hf)
+  hf_config: str = ''           # the HF dataset's configuration (e.g. 'sample-10BT'); '' none
+  hf_train_split: str = 'train'  # the HF split the documents come from
+  hf_eval_split: str = ''       # the HF split held out; '' carves hf_eval_fraction of train
+  hf_eval_fraction: float = 0.05  # share of hf_train_split's rows carved out for validation
+  hf_max_docs: int = 0          # rows read from each HF split, first in stored order; 0: all
+  hf_streaming: bool = False    # read a Hub dataset as a stream (no full download first)
   sharding: str = 'iid'         # iid | noniid: how documents are split over workers
   noniid_by: str = 'file'       # file (contiguous ranges of paths) | cluster (k-means, k = M)
   read_threads: int = 2         # threads per worker reading a TFDS source ahead; 0: inline
@@ -83,6 +95,14 @@ class DataConfig:
           "data.sp_model is empty; tokenizer 'sentencepiece' needs the path "
           'of a .model file (train one with `python -m loco.data.tokenizers '
           'train`).')
+    if self.tokenizer == 'hf' and not self.hf_tokenizer:
+      raise errors.ConfigError(
+          "data.hf_tokenizer is empty; tokenizer 'hf' needs the path of a tokenizer.json "
+          '(or of a folder holding one), as the tokenizers library saves it.')
+    if self.source == 'hf':
+      self._check_hf()
+    if self.tokenizer == 'hf':
+      require_hf('tokenizers', "data.tokenizer='hf'")
     if not self.text_key:
       raise errors.ConfigError('data.text_key is empty; name the text feature.')
     if not self.train_split or not self.eval_split:
@@ -101,6 +121,32 @@ class DataConfig:
       raise errors.ConfigError(
           f'data.read_threads is {self.read_threads!r}; use an integer >= 0.')
 
+  def _check_hf(self) -> None:
+    if not self.hf_dataset:
+      raise errors.ConfigError(
+          "data.hf_dataset is empty; source 'hf' needs a dataset: a Hugging Face Hub name "
+          "such as 'HuggingFaceFW/fineweb-edu' or the path of a local dataset (a "
+          'save_to_disk folder, or a folder of parquet / json / csv / txt files).')
+    if not self.hf_train_split:
+      raise errors.ConfigError(
+          "data.hf_train_split is empty; name the Hugging Face split to train on "
+          "(usually 'train').")
+    if self.hf_eval_split == self.hf_train_split:
+      raise errors.ConfigError(
+          f'data.hf_eval_split and data.hf_train_split are both {self.hf_train_split!r}; '
+          'name another split, or leave data.hf_eval_split empty to carve '
+          'data.hf_eval_fraction of the rows out for validation.')
+    if (isinstance(self.hf_eval_fraction, bool)
+        or not isinstance(self.hf_eval_fraction, (int, float))
+        or not 0 < self.hf_eval_fraction < 1):
+      raise errors.ConfigError(
+          f'data.hf_eval_fraction is {self.hf_eval_fraction!r}; use a number in (0, 1).')
+    if (not isinstance(self.hf_max_docs, int) or isinstance(self.hf_max_docs, bool)
+        or self.hf_max_docs < 0):
+      raise errors.ConfigError(
+          f'data.hf_max_docs is {self.hf_max_docs!r}; use an integer >= 0 (0: all rows).')
+    require_hf('datasets', "data.source='hf'")
+
   @property
   def resolved_data_dir(self) -> str:
     """The data dir with its default applied and `~` expanded (gs:// passes)."""
@@ -109,3 +155,15 @@ class DataConfig:
     if '://' in path:
       return path
     return os.path.abspath(os.path.expanduser(path))
+
+
+def require_hf(package: str, what: str) -> None:
+  """Raises a ConfigError naming the install command when an optional HF package is missing."""
+  try:
+    found = importlib.util.find_spec(package) is not None
+  except (ImportError, ValueError):
+    found = False
+  if not found:
+    raise errors.ConfigError(
+        f'{what} needs the {package!r} package, which is not installed; install '
+        f'the Hugging Face extra: {HF_EXTRA}')

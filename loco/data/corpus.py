@@ -404,6 +404,11 @@ class LocoCorpus(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     # TFDS saves as metadata.json next to dataset_info.json.
     self.info.metadata.update(self._fingerprint())
 
+  def contents(self) -> str:
+    """What the prepared corpus holds, for the log line."""
+    corpus_plan = plan(self._spec)
+    return f'{len(corpus_plan.sizes)} files, {len(corpus_plan.excluded)} left out'
+
   def _fingerprint(self) -> dict[str, Any]:
     corpus_plan = plan(self._spec)
     manifest = hashlib.sha256()
@@ -445,7 +450,7 @@ class _HideExpectedWarnings(logging.Filter):
       return True
     message = record.getMessage()
     if message.startswith('Using custom data configuration'):
-      return not any(f"name='{kind}_" in message for kind in ('stdlib', 'text'))
+      return not any(f"name='{kind}_" in message for kind in ('stdlib', 'text', 'hf'))
     if message.endswith('has no dataset_info.json'):
       return f'/{BUILDER_NAME}/' not in message
     return True
@@ -476,22 +481,26 @@ def _download_and_prepare(builder: LocoCorpus) -> None:
     builder.download_and_prepare(download_dir=downloads)
 
 
-def prepare(spec: CorpusSpec, data_dir: str) -> LocoCorpus:
+def prepare(spec: CorpusSpec, data_dir: str,
+            builder_cls: type[LocoCorpus] | None = None) -> LocoCorpus:
   """Returns the builder of `spec`'s dataset, preparing it first if needed.
 
   TFDS writes into an `incomplete.*` folder and renames it into place, so a
   crash never leaves a dataset that looks prepared. A lock file serialises
   concurrent preparations of the same corpus (other processes wait, then reuse).
+  `builder_cls` writes the documents: LocoCorpus (files) by default, or a subclass
+  with another source of rows (loco.data.hf).
   """
-  if LocoCorpus(spec=spec, data_dir=data_dir).is_prepared():
+  make = builder_cls or LocoCorpus
+  if make(spec=spec, data_dir=data_dir).is_prepared():
     # A new builder: one made before another thread or process finished preparing
     # holds the empty metadata it read then.
-    return LocoCorpus(spec=spec, data_dir=data_dir)
-  builder = LocoCorpus(spec=spec, data_dir=data_dir)
+    return make(spec=spec, data_dir=data_dir)
+  builder = make(spec=spec, data_dir=data_dir)
   if '://' in data_dir:
     # No file locks on object stores; TFDS's rename still keeps it atomic.
     _download_and_prepare(builder)
-    return LocoCorpus(spec=spec, data_dir=data_dir)
+    return make(spec=spec, data_dir=data_dir)
   config_dir = os.path.join(data_dir, BUILDER_NAME, spec.config_name)
   try:
     os.makedirs(config_dir, exist_ok=True)
@@ -500,7 +509,7 @@ def prepare(spec: CorpusSpec, data_dir: str) -> LocoCorpus:
         f'cannot create the data dir {config_dir} (data.data_dir): {e}.') from e
   with open(os.path.join(config_dir, '.lock'), 'w') as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
-    builder = LocoCorpus(spec=spec, data_dir=data_dir)
+    builder = make(spec=spec, data_dir=data_dir)
     if not builder.is_prepared():  # Maybe another process did.
       # Leftovers of a preparation that was killed; we hold the lock.
       for name in os.listdir(config_dir):
@@ -512,10 +521,9 @@ def prepare(spec: CorpusSpec, data_dir: str) -> LocoCorpus:
       except OSError as e:
         raise errors.DataError(
             f'cannot prepare {spec.description} in {config_dir}: {e}.') from e
-      logging.info('Prepared %s (%d files, %d left out) in %s in %.1f s.',
-                   spec.description, len(plan(spec).sizes), len(plan(spec).excluded),
-                   builder.data_path, time.time() - start)
-  builder = LocoCorpus(spec=spec, data_dir=data_dir)
+      logging.info('Prepared %s (%s) in %s in %.1f s.', spec.description,
+                   builder.contents(), builder.data_path, time.time() - start)
+  builder = make(spec=spec, data_dir=data_dir)
   if not builder.is_prepared():
     raise errors.DataError(
         f'{spec.description} was prepared in {builder.data_path} but is not '

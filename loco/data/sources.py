@@ -1,6 +1,8 @@
-"""One split of a source (stdlib, text files, TFDS) as random-access documents.
+"""One split of a source (stdlib, text files, TFDS, HF) as random-access documents.
 
-Local corpora (stdlib, text files) up to 2 GB are held in memory: the documents
+A Hugging Face dataset (source 'hf') is first prepared as a local corpus
+(loco.data.hf) and is read like one from then on. Local corpora (stdlib, text
+files, HF rows) up to 2 GB are held in memory: the documents
 of a split (or of a slice such as `validation[:50%]`, which TFDS takes in stored
 order) are sorted by path and empty files are dropped; larger ones are read
 lazily in their stored order (train: sorted paths; validation: the order that
@@ -24,6 +26,7 @@ import tensorflow_datasets as tfds
 from loco import errors
 from loco.data import config as config_lib
 from loco.data import corpus
+from loco.data import hf
 
 # Local corpora up to this size are read into memory (sorted, empties dropped).
 IN_MEMORY_MAX_BYTES = 2_000_000_000
@@ -89,13 +92,16 @@ _DOCUMENTS: dict[tuple[str, str, str, int], Documents] = {}
 def _corpus_spec(cfg: config_lib.DataConfig) -> corpus.CorpusSpec:
   if cfg.source == 'stdlib':
     return _stdlib_spec()
+  if cfg.source == 'hf':
+    return hf.hf_spec(cfg)
   return corpus.text_spec(cfg.text_glob)
 
 
 def _prepared(spec: corpus.CorpusSpec, data_dir: str) -> corpus.LocoCorpus:
   key = (spec.key, data_dir)
   if key not in _BUILDERS or not os.path.isdir(_BUILDERS[key].data_path):
-    _BUILDERS[key] = corpus.prepare(spec, data_dir)
+    _BUILDERS[key] = corpus.prepare(
+        spec, data_dir, hf.HfCorpus if spec.kind == 'hf' else corpus.LocoCorpus)
   return _BUILDERS[key]
 
 

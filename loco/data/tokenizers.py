@@ -1,10 +1,11 @@
-"""Tokenizers: raw bytes (default) and SentencePiece, plus a trainer CLI.
+"""Tokenizers: raw bytes (default), SentencePiece and Hugging Face's, plus a trainer CLI.
 
 Every tokenizer has `vocab_size`, `eos_id`, `encode(text) -> int32 array`,
 `decode(ids) -> str`. `encode` never adds EOS; the pipeline appends `eos_id`
 after every document, so EOS separates packed documents.
 
-Train a SentencePiece model on a loco source (here the embedded stdlib corpus):
+Train a SentencePiece model on a loco source (here the embedded stdlib corpus; a
+Hugging Face dataset with --source=hf --hf_dataset=NAME_OR_PATH, as data.hf_*):
 
   python -m loco.data.tokenizers train --source=stdlib --vocab_size=4096 \
       --output=/tmp/stdlib_4k.model
@@ -14,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import io
+import json
 import os
 import sys
 import time
@@ -124,10 +127,96 @@ class SentencePieceTokenizer:
             'sha256': self._sha256}
 
 
+# Tokens that end a document in common vocabularies, tried in this order when the
+# tokenizer's folder has no tokenizer_config.json naming its eos_token.
+HF_EOS_TOKENS = ('<|endoftext|>', '</s>', '<|end_of_text|>', '<eos>', '[EOS]', '<|eos|>')
+
+
+class HfTokenizer:
+  """A Hugging Face `tokenizers` tokenizer loaded from its tokenizer.json.
+
+  EOS is the `eos_token` of a tokenizer_config.json beside the file (as `transformers`
+  saves it), else the first of HF_EOS_TOKENS in the vocabulary, else a new id after the
+  vocabulary (`vocab_size` then counts it). `encode` adds no special tokens (no BOS):
+  the pipeline puts EOS after every document itself.
+  """
+
+  name = 'hf'
+
+  def __init__(self, path: str):
+    config_lib.require_hf('tokenizers', "data.tokenizer='hf'")
+    lib = importlib.import_module('tokenizers')
+    given = path
+    path = os.path.abspath(os.path.expanduser(path))
+    if os.path.isdir(path):
+      path = os.path.join(path, 'tokenizer.json')
+      if not os.path.isfile(path):
+        raise errors.DataError(
+            f'Hugging Face tokenizer folder {given} (data.hf_tokenizer) holds no '
+            'tokenizer.json; give the file or the folder that holds it.')
+    try:
+      with open(path, 'rb') as f:
+        data = f.read()
+    except OSError as e:
+      raise errors.DataError(
+          f'Hugging Face tokenizer {given} cannot be read (data.hf_tokenizer): '
+          f'{e.strerror or e.__class__.__name__}.') from None
+    try:
+      self._tok = lib.Tokenizer.from_str(data.decode('utf-8'))
+    except Exception as e:  # pylint: disable=broad-except  (tokenizers raises Exception)
+      raise errors.DataError(
+          f'{given} is not a tokenizer.json of the tokenizers library '
+          f'(data.hf_tokenizer): {str(e)[:200]}.') from None
+    vocab = self._tok.get_vocab(with_added_tokens=True)
+    if not vocab:
+      raise errors.DataError(f'Hugging Face tokenizer {given} has an empty vocabulary.')
+    size = max(vocab.values()) + 1
+    eos = _configured_eos(os.path.dirname(path))
+    if eos is None or eos not in vocab:
+      eos = next((t for t in HF_EOS_TOKENS if t in vocab), None)
+    self.model_path = given
+    self.eos_token = eos or ''    # '': EOS is an id of its own, after the vocabulary
+    self.eos_id = vocab[eos] if eos else size
+    self.vocab_size = size if eos else size + 1
+    self._sha256 = hashlib.sha256(data).hexdigest()
+
+  def encode(self, text: str | bytes) -> np.ndarray:
+    return self.encode_document(text)
+
+  def encode_document(self, data: str | bytes) -> np.ndarray:
+    if isinstance(data, bytes):
+      data = data.decode('utf-8', errors='replace')
+    return np.asarray(self._tok.encode(data, add_special_tokens=False).ids, dtype=np.int32)
+
+  def decode(self, ids: Iterable[int] | np.ndarray) -> str:
+    ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+    return self._tok.decode([int(i) for i in ids
+                             if 0 <= i < self.vocab_size and i != self.eos_id])
+
+  def fingerprint(self) -> dict[str, object]:
+    return {'name': self.name, 'vocab_size': self.vocab_size,
+            'eos_id': self.eos_id, 'eos_token': self.eos_token,
+            'model': self.model_path, 'sha256': self._sha256}
+
+
+def _configured_eos(folder: str) -> str | None:
+  """The eos_token of folder/tokenizer_config.json, if there is one."""
+  try:
+    with open(os.path.join(folder, 'tokenizer_config.json')) as f:
+      eos = json.load(f).get('eos_token')
+  except (OSError, ValueError, AttributeError):
+    return None
+  if isinstance(eos, dict):   # AddedToken form: {'content': '</s>', ...}
+    eos = eos.get('content')
+  return eos if isinstance(eos, str) and eos else None
+
+
 def make_tokenizer(cfg: config_lib.DataConfig) -> Tokenizer:
   """Returns the tokenizer named by `cfg.tokenizer`."""
   if cfg.tokenizer == 'bytes':
     return ByteTokenizer()
+  if cfg.tokenizer == 'hf':
+    return HfTokenizer(cfg.hf_tokenizer)
   if (cfg.source == 'tfds' and config_lib.is_c4(cfg.tfds_name) and '://' not in cfg.sp_model
       and not os.path.exists(os.path.expanduser(cfg.sp_model))):
     raise errors.DataError(
@@ -273,6 +362,8 @@ def _train_main(args: argparse.Namespace) -> None:
   cfg = config_lib.DataConfig(
       source=args.source, tfds_name=args.tfds_name, data_dir=args.data_dir,
       text_glob=args.text_glob, text_key=args.text_key,
+      hf_dataset=args.hf_dataset, hf_config=args.hf_config,
+      hf_streaming=args.hf_streaming, hf_max_docs=args.hf_max_docs,
       # Only `split` is read; eval_split just has to differ from it.
       train_split=args.split,
       eval_split='validation' if args.split != 'validation' else 'train')
@@ -295,6 +386,11 @@ def main(argv: list[str] | None = None) -> int:
   train.add_argument('--data_dir', default='')
   train.add_argument('--text_glob', default='')
   train.add_argument('--text_key', default='text')
+  train.add_argument('--hf_dataset', default='',
+                     help="source hf: a Hub name or a local dataset (as data.hf_dataset)")
+  train.add_argument('--hf_config', default='')
+  train.add_argument('--hf_streaming', action='store_true')
+  train.add_argument('--hf_max_docs', type=int, default=0)
   train.add_argument('--split', default='train')
   train.add_argument('--vocab_size', type=int, default=4096)
   train.add_argument('--model_type', default='bpe', choices=('bpe', 'unigram'))
