@@ -137,7 +137,9 @@ DROPOUTS = (10, 30, 50)                          # % of outer gradients dropped 
 PRUNED = (25, 50, 75)                            # % of outer-gradient values (claim 10)
 REPLICAS = (1, 2, 4, 16)                         # beside 8 (claim 11)
 DENSITIES = {4096: 100, 1024: 25, 256: 6.25, 128: 3.125, 64: 1.5625, 32: 0.78125}
-STREAMING_GRID = ((5, 0.5), (1, 1.0), (5, 1.0))  # (tau, alpha) beside (1, 0.5)
+# (tau, alpha) beside (1, 0.5). alpha weighs the local parameters: alpha = 1 would never
+# adopt a synced fragment (refused by the config), so the grid is alpha in {0, 0.5}.
+STREAMING_GRID = ((5, 0.5), (1, 0.0), (5, 0.0))
 TOPOLOGIES = ('ring', 'torus', 'exponential', 'matching', 'complete')
 # A claim's effect under 1% perplexity at the first seeds gets this many more seeds.
 SMALL_EFFECT, MORE_SEEDS = math.log(1.01), 2
@@ -694,7 +696,7 @@ def draw_figures(g: Mapping[str, Group], scale: Scale, figures: str,
   plots.save(fig, paths['outer'])
   # Streaming: tau x alpha, and P (2501.18512).
   fig, (a1, a2) = plots.figure(2)
-  for i, alpha in enumerate((0.5, 1.0)):
+  for i, alpha in enumerate((0.5, 0.0)):
     taus = (1, 5)
     grps = [get('streaming') if (t, alpha) == (1, 0.5) else get(f'streaming_t{t}_a{_pct(alpha)}')
             for t in taus]

@@ -20,8 +20,9 @@ RULES = {
 }
 
 
-def check(key: str, rule: str | None, value: Any) -> None:
-  """Raises a one-sentence ConfigError if the number `value` of `key` breaks `rule`.
+def check(key: str, rule: str | None, value: Any, why: str | None = None) -> None:
+  """Raises a one-sentence ConfigError if the number `value` of `key` breaks `rule`
+  (with `why`, what a value outside the rule would mean, after a colon).
 
   None (a key left to its default) and values that are not numbers pass: types are
   checked where the key's type is known.
@@ -29,4 +30,4 @@ def check(key: str, rule: str | None, value: Any) -> None:
   if rule is None or value is None or isinstance(value, bool):
     return
   if isinstance(value, (int, float)) and not RULES[rule](value):
-    raise ConfigError(f'{key} must be {rule}, got {value!r}.')
+    raise ConfigError(f'{key} must be {rule}, got {value!r}' + (f': {why}' if why else '.'))

@@ -17,7 +17,7 @@ RUNS = [dict(seed=1, lr=3e-3, outer_lr=0.7, outer_momentum=0.9, gossip_step=1.0,
         dict(seed=2, lr=1e-3, outer_lr=0.5, outer_momentum=0.5, gossip_step=0.5,
              error_decay=0.9, merge_alpha=0.0),
         dict(seed=5, lr=6e-3, outer_lr=1.0, outer_momentum=0.95, gossip_step=0.8,
-             error_decay=1.0, merge_alpha=1.0)]
+             error_decay=1.0, merge_alpha=0.75)]
 KNOBS = {'diloco': ('outer_momentum',), 'gasloc': ('outer_momentum', 'gossip_step'),
          'sparseloco': ('error_decay',), 'streaming_diloco': ('outer_momentum', 'merge_alpha')}
 ALGORITHMS = {

@@ -204,6 +204,9 @@ def test_bad_input():
   for alpha in (-0.1, 1.5):
     with pytest.raises(ConfigError, match='merge_alpha'):
       _make(merge_alpha=alpha)
+  with pytest.raises(ConfigError, match=r'merge_alpha must be in \[0, 1\), got 1.0: alpha '
+                     'weighs the local parameters in the merge, so alpha = 1 never adopts'):
+    _make(merge_alpha=1.0)
   with pytest.raises(ConfigError, match='fragment_pattern'):
     _make(fragment_pattern='random')
   with pytest.raises(ConfigError, match='non_block'):

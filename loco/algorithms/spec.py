@@ -35,6 +35,7 @@ class Key:
   kind: type            # int | float | str | bool | list (the config's type)
   doc: str              # the comment of `algorithm.KEY` in the config schema
   rule: str | None = None   # a rule of `loco.ranges.RULES` for numbers
+  why: str | None = None    # what a value outside the rule would mean (said when refused)
 
 
 COMMON_KEYS = {
@@ -123,4 +124,4 @@ class AlgorithmSpec:
     declared = self.config_keys()
     for key, value in kwargs.items():
       if key in declared:
-        ranges.check(f'algorithm.{key}', declared[key].rule, value)
+        ranges.check(f'algorithm.{key}', declared[key].rule, value, declared[key].why)

@@ -98,7 +98,11 @@ STREAMING_DILOCO = AlgorithmSpec(
           'non_block': Key(str, 'Streaming: embeddings/norm/head fragment: own | first'),
           'overlap_steps': Key(int, 'Streaming: tau, steps from a sync to its merge', '>= 0'),
           'merge_alpha': Key(float, 'Streaming: alpha, weight of local params in the merge',
-                             'in [0, 1]'),
+                             'in [0, 1)', why=(
+                                 'alpha weighs the local parameters in the merge, so alpha '
+                                 '= 1 never adopts a synced fragment: the workers train '
+                                 'independent models, averaged only at the end (0.5 is the '
+                                 "paper's, 0 adopts the synced fragment whole).")),
           'eager': Key(bool, 'Streaming: eager updates (arXiv 2502.12996)')},
     # 2 fragments (embeddings and norms; the blocks): one syncs every 2 steps, tau 1.
     example=dict(sync_every=4, num_fragments=1, overlap_steps=1), carrier='all-reduce')
