@@ -189,16 +189,14 @@ def header(exp: Experiment, workdir: str, start: int, total: int) -> list[str]:
   settings = algorithms.settings_of(exp.algorithm_name, exp.algorithm_kwargs)
   lines += _wrapped('algorithm', [f'{k}={v}' for k, v in settings.items() if v is not None])
   i = exp.inner
-  lines.append(header_line(
-      'inner', f'{i.name} lr={i.lr:g} (warm-up {i.warmup_steps}, cosine to {i.final_lr_frac:g} '
-      f'x lr over {i.decay_steps} steps) weight_decay={i.weight_decay:g} '
-      f'clip_norm={i.clip_norm:g}'))
+  lines += _wrapped('inner', [i.name] + [f'{k}={getattr(i, k):g}' for k in (
+      'lr', 'warmup_steps', 'decay_steps', 'final_lr_frac', 'weight_decay', 'clip_norm')])
   d = exp.data
-  evals = (f'eval every {r.eval_every} steps on {r.eval_batches} x {r.eval_batch_size} '
-           f'sequences of {d.eval_split}' if r.eval_every else 'no eval')
-  lines.append(header_line(
-      'data', f'{d.source}{f" {d.tfds_name}" if d.source == "tfds" else ""}, {d.tokenizer} '
-      f'tokenizer, {d.sharding} over workers; {evals}'))
+  lines.append(header_line('data', f'{d.source}{f" {d.tfds_name}" if d.source == "tfds" else ""}'
+                           f', {d.tokenizer} tokenizer, {d.sharding} over workers'))
+  lines.append(header_line('eval', f'{r.eval_batches} x {r.eval_batch_size} sequences of '
+                           f'{d.eval_split} every {r.eval_every} steps' if r.eval_every
+                           else 'none (eval.every=0)'))
   tokens = r.steps * r.num_workers * r.batch_per_worker * r.seq_len
   ticks = f' ({total} ticks of the asynchronous replay)' if total != r.steps else ''
   lines.append(header_line(

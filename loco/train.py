@@ -10,6 +10,7 @@ is taken at a chunk boundary, as a checkpoint is, so that a preemption loses no 
 """
 
 import functools
+import os
 import sys
 import threading
 import time
@@ -144,8 +145,8 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
              'traced (it compiles in the background)'))
   train_data, eval_windows = _data(exp, placement)
   say(_phase('read data', clock.lap('data'), 'train and eval windows' + (
-      f' (the {exp.data.source} corpus is prepared once, by the first run, in '
-      f'{exp.data.resolved_data_dir})' if exp.data.source != 'tfds' else '')))
+      f' (a first run prepares the corpus once, in {_home(exp.data.resolved_data_dir)})'
+      if exp.data.source != 'tfds' else '')))
 
   host_state = {}
   if start:
@@ -189,8 +190,8 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
       clock.lap('first_batch')
       compiled = ahead.get()
       waited = clock.lap('compile')
-      say(_phase('compiled', ahead.seconds, 'the train step, alongside the two above '
-                 f'({waited:.1f} s of waiting after them)'))
+      say(_phase('compiled', ahead.seconds, 'the train step, in the background '
+                 f'({waited:.1f} s waited for it)'))
       ledger.mark()
     state, outputs = compiled(state, batches, contexts, valid)
     _TRAINING.set()
@@ -438,6 +439,11 @@ def _say(line: str) -> None:
   """A line of what the run does (its header, its phases), on stdout as its summary;
   stderr keeps the progress bar, notes and the one line of an error or a stop."""
   print(line, flush=True)
+
+
+def _home(path: str) -> str:
+  home = os.path.expanduser('~')
+  return '~' + path[len(home):] if path.startswith(home + os.sep) else path
 
 
 def _phase(name: str, seconds: float, what: str) -> str:

