@@ -540,8 +540,8 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_one_step(tmp_path, small_
   outs, errs = zip(*[p.communicate(timeout=120) for p in procs])
   header = ('loco: ddp, 4 workers on 8 cpu devices (mesh 2 workers x 4 fsdp) in 2 '
             'processes; model nano: ')
-  assert outs[0].splitlines()[1].startswith(header), outs[0]     # process 0 only
-  assert 'loco: ddp' not in outs[1] and 'compiled' not in outs[1], outs[1]
+  assert any(line.startswith(header) for line in outs[0].splitlines()), outs[0]
+  assert 'loco: ddp' not in outs[1] and 'compiled' not in outs[1], outs[1]   # process 0's
   assert [p.returncode for p in procs] == [130, 130], errs[0][-2000:] + errs[1][-2000:]
   step = read_metrics(workdir)[-1]['step']
   for err in errs:
