@@ -13,8 +13,9 @@ equal to its solo run's. A workdir that holds a checkpoint resumes from it, runs
 different steps train one after the other in groups of one step, and a finished run is
 skipped. `loco.main` resumes any of them alone, and they resume here after a solo start.
 A run whose losses diverge is marked diverged in its workdir and is no longer recorded
-or checkpointed; the others go on. A workdir or disk problem, or Ctrl-C / SIGTERM, stops
-every run at its last committed checkpoint, and the same command resumes them.
+or checkpointed; the others go on. Ctrl-C / SIGTERM stops every run at the next chunk
+boundary with a checkpoint there (a second signal: at once); a workdir or disk problem
+stops every run at its last committed checkpoint; the same command resumes them.
 
 RESULTS.json (written at the end, also after a failure) holds each workdir's outcome:
 {"state": "finished" | "diverged" | "failed" | "interrupted", "error": line or null}.
@@ -101,25 +102,33 @@ def run_batched(configs: Sequence[Any], workdirs: Sequence[str],
 def _train_all(runs: list[_Run]) -> None:
   from loco import train
   from loco.checkpoint import Checkpointer
+  stopping = []   # the step a stop (train.STOP) is saving the runs at, once agreed
+  abandoned = []  # a second signal came while stopping: the saves in flight are left
   with contextlib.ExitStack() as stack:
     try:
       for r in runs:
         r.wd = stack.enter_context(_workdir(r.workdir))
         r.checkpointer = Checkpointer(r.wd.file('checkpoints'), r.exp.run.checkpoint_keep,
                                       note=r.note)
-        stack.callback(train._close_quietly, r.checkpointer)
+        # A second signal abandons the stop's saves: they are not waited for.
+        stack.callback(lambda c=r.checkpointer: abandoned or train._close_quietly(c))
       for r in runs:
         _plan(r, train)
       for start in sorted({r.start for r in runs if r.state is None}):
-        _train_group([r for r in runs if r.state is None and r.start == start], start)
+        _train_group([r for r in runs if r.state is None and r.start == start], start,
+                     stopping)
     except OSError as e:
       _stop_all(runs, 'failed')
       raise WorkdirError(f'{train._os_error(e)}; every run keeps its last good checkpoint '
                          'in its workdir: fix it and the same command resumes them.') from e
     except KeyboardInterrupt:
-      _stop_all(runs, 'interrupted')
-      raise Interrupted('interrupted; every run keeps its last good checkpoint in its '
-                        'workdir: the same command resumes them.') from None
+      again = f' again after step {stopping[0]}' if stopping else ''
+      abandoned.extend(stopping)
+      _stop_all(runs, 'interrupted', wait=not stopping)
+      raise Interrupted(f'interrupted{again}; every run keeps its last good checkpoint in '
+                        'its workdir: the same command resumes them.') from None
+    finally:
+      train._TRAINING.clear()
 
 
 @contextlib.contextmanager
@@ -146,9 +155,9 @@ def _plan(r: _Run, train) -> None:
     r.end('finished')
 
 
-def _train_group(runs: list[_Run], start: int) -> None:
+def _train_group(runs: list[_Run], start: int, stopping: list[int]) -> None:
   """Trains runs that resume from one step together, to their end (train._train's loop
-  over a run axis)."""
+  over a run axis); stopped (train.STOP), saves them and appends the step to `stopping`."""
   import jax
   from loco import checkpoint as checkpoint_lib
   from loco import experiment as experiment_lib
@@ -195,7 +204,7 @@ def _train_group(runs: list[_Run], start: int) -> None:
         diverged=functools.partial(train._diverged, r.wd, r.checkpointer, True))
     ledger.load_state_dict(host_state)
     books.append((writer, comm_log, ledger))
-  evaluate = train._evaluator(exp, graphdef, windows, runs[0].note)
+  evaluate = train._evaluator(exp, graphdef, windows, lambda line: runs[0].note(line.strip()))
   check_finite = jax.jit(step_lib.all_finite)
   progress = RunsProgress([r.workdir for r in runs], total, enabled=rr.progress)
   chunk = run_axis.make_batched_chunk(exp, graphdef)
@@ -218,7 +227,20 @@ def _train_group(runs: list[_Run], start: int) -> None:
       books[i][0].write(record)
     progress.update({i: record for i, (record, _) in done.items()})
 
+  def save(i: int, step: int, data_state) -> None:
+    one = run_axis.unstack(states, i)
+    try:
+      if not bool(check_finite((one.params, one.anchor))):
+        books[i][2].diverged(step, f'the parameters became non-finite by step {step}')
+    except DivergenceError as e:
+      runs[i].end('diverged', str(e))
+      runs[i].note(f'diverged: {e} The other runs go on.')
+      return
+    runs[i].checkpointer.save(step, one, data_state, books[i][2].state_dict())
+
   compiled = pending = None
+  step = saved = start      # the step reached; the newest checkpoints'
+  data_states = None
   for step, k, batches, contexts, valid, data_states in _chunks(
       start, total, chunk_len, data, timelines[0]):
     if not live():
@@ -228,6 +250,7 @@ def _train_group(runs: list[_Run], start: int) -> None:
       for _, _, ledger in books:
         ledger.mark()
     states, outputs = compiled(knobs, states, batches, contexts, valid)
+    train._TRAINING.set()
     if pending is not None:
       emit(finish(*pending))
     pending = (step, k, outputs)
@@ -238,24 +261,27 @@ def _train_group(runs: list[_Run], start: int) -> None:
       pending = None
       for i, (record, _) in done.items():
         if boundary_eval:
-          record.update(evaluate(jax.tree.map(lambda x: x[i], states.params)))
+          record.update(evaluate(jax.tree.map(lambda x: x[i], states.params), step))
       emit(done)
       if boundary_ckpt:
         for i in list(done):
-          one = run_axis.unstack(states, i)
-          try:
-            if not bool(check_finite((one.params, one.anchor))):
-              books[i][2].diverged(step, f'the parameters became non-finite by step {step}')
-          except DivergenceError as e:
-            runs[i].end('diverged', str(e))
-            runs[i].note(f'diverged: {e} The other runs go on.')
-            continue
-          runs[i].checkpointer.save(step, one, data_states[i], books[i][2].state_dict())
+          save(i, step, data_states[i])
+        saved = step
       for _, _, ledger in books:
         ledger.mark()
+  stopped = step < total and bool(live())   # by STOP (train.on_signal): save, then stop
+  if stopped:
+    stopping.append(step)
   if pending is not None:
     emit(finish(*pending))
   progress.close()
+  if stopped:
+    message = _save_at_stop(runs, [i for i in live() if saved != step], step,
+                            lambda i: save(i, step, data_states[i]))
+    for writer, comm_log, _ in books:
+      writer.close()
+      comm_log.close()
+    raise Interrupted(message)
   for i, (writer, comm_log, _) in enumerate(books):
     writer.close()
     comm_log.close()
@@ -270,10 +296,10 @@ def _chunks(step: int, total: int, chunk_len: int, data: Sequence[Any], timeline
   from loco import step as step_lib
   from loco import train
   while step < total:
-    if train.STOP.is_set():
-      raise KeyboardInterrupt
     k = min(chunk_len - step % chunk_len, total - step)
     batches = np.stack([np.stack([next(d) for _ in range(k)]) for d in data], axis=0)
+    if train.stop_agreed():
+      return
     contexts = None if timeline is None else timeline.contexts(step, k)
     valid = np.arange(chunk_len) < k
     batches = np.moveaxis(step_lib.pad_steps(np.moveaxis(batches, 1, 0), chunk_len), 0, 1)
@@ -282,12 +308,29 @@ def _chunks(step: int, total: int, chunk_len: int, data: Sequence[Any], timeline
     yield step, k, batches, contexts, valid, [d.get_state() for d in data]
 
 
-def _stop_all(runs: Sequence[_Run], state: str, error: str | None = None) -> None:
-  """Ends every run still going as `state`, naming the checkpoint each one keeps."""
+def _save_at_stop(runs: Sequence[_Run], unsaved: Sequence[int], step: int, save) -> str:
+  """Saves the runs stopped at `step` that have no checkpoint there (`save(i)`), waits
+  for the commits; returns what the stop line says."""
+  import time
+  t = time.perf_counter()
+  for i in unsaved:
+    save(i)
+  for i in unsaved:
+    runs[i].checkpointer.wait()
+  saved = (f'saved each run\'s checkpoint (step {step}) in {time.perf_counter() - t:.1f} s,'
+           if unsaved else f'each run keeps its checkpoint (step {step})')
+  return (f'interrupted after step {step}; {saved} in its workdir: the same command '
+          'resumes them.')
+
+
+def _stop_all(runs: Sequence[_Run], state: str, error: str | None = None,
+              wait: bool = True) -> None:
+  """Ends every run still going as `state`, naming the checkpoint each one keeps (once
+  its save in flight commits or fails, or as on disk now: not `wait`)."""
   from loco import train
   for r in runs:
     if r.state is None:
-      kept = (train._kept(r.checkpointer, r.workdir) if r.checkpointer
+      kept = (train._kept(r.checkpointer, r.workdir, wait=wait) if r.checkpointer
               else f'nothing was written in {r.workdir}')
       r.end(state, error or f'{state}; {kept}')
 
@@ -348,11 +391,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     step.enable_compilation_cache()
     checkpoint.quiet_background_errors()
 
-    def interrupt(signum, frame):   # the loop stops before its next chunk
+    def interrupt(signum, frame):   # the loop stops at its next chunk boundary and saves
       del signum, frame
-      train.STOP.set()
-      raise KeyboardInterrupt
+      train.on_signal()
     signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
     try:
       results = run_batched(configs, [r['workdir'] for r in spec], outcomes)
     except Interrupted as e:

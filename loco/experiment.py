@@ -85,6 +85,7 @@ class Experiment:
   algorithm_kwargs: dict[str, Any]
   network: network_lib.NetworkConfig | None = None
   sinks: SinkConfig = SinkConfig()
+  model_preset: str = ''
 
 
 def _set(d) -> dict[str, Any]:
@@ -120,7 +121,7 @@ def parse_config(config: ml_collections.ConfigDict) -> Experiment:
   inner = optim.InnerConfig(**inner_kwargs)
   network = network_lib.parse_network(c.network.to_dict())
   return Experiment(run, model, data, inner, name, algorithm_kwargs, network,
-                    SinkConfig(**_set(c.metrics)))
+                    SinkConfig(**_set(c.metrics)), preset)
 
 
 def build_algorithm(exp: Experiment, mesh=None) -> Algorithm:
@@ -160,6 +161,79 @@ def write_config_json(wd: workdir_lib.Workdir, config, exp: Experiment) -> None:
                                                                   exp.run.seq_len)),
              data_fingerprint=data_lib.dataset_fingerprint(exp.data))
   workdir_lib.write_json(wd.file(workdir_lib.CONFIG), out)
+
+
+HEADER_WIDTH = 92
+
+
+def header_line(key: str, text: str) -> str:
+  """A line of a run's header or of its start-up phases: the key, then its text."""
+  return f'  {key:<10} {text}'
+
+
+def header(exp: Experiment, workdir: str, start: int, total: int) -> list[str]:
+  """What a run prints before its first slow phase: the algorithm and its settings,
+  the workers and devices, the model's size, the tokens planned, the network and the
+  workdir (a resumed run: the step it resumes from)."""
+  r = exp.run
+  devices = r.mesh_workers * r.mesh_fsdp
+  platform = jax.devices()[0].platform
+  where = (f'1 {platform} device' if devices == 1 else
+           f'{devices} {platform} devices (mesh {r.mesh_workers} workers x {r.mesh_fsdp} fsdp)')
+  if jax.process_count() > 1:
+    where += f' in {jax.process_count()} processes'
+  m = exp.model
+  lines = [f'loco: {exp.algorithm_name}, {r.num_workers} workers on {where}; model '
+           f'{exp.model_preset}: {model_lib.param_count(m):,} weights ({m.num_layers} '
+           f'layers, d_model {m.d_model})']
+  settings = algorithms.settings_of(exp.algorithm_name, exp.algorithm_kwargs)
+  lines += _wrapped('algorithm', [f'{k}={v}' for k, v in settings.items() if v is not None])
+  i = exp.inner
+  lines += _wrapped('inner', [i.name] + [f'{k}={getattr(i, k):g}' for k in (
+      'lr', 'warmup_steps', 'decay_steps', 'final_lr_frac', 'weight_decay', 'clip_norm')])
+  d = exp.data
+  lines.append(header_line('data', f'{d.source}{f" {d.tfds_name}" if d.source == "tfds" else ""}'
+                           f', {d.tokenizer} tokenizer, {d.sharding} over workers'))
+  lines.append(header_line('eval', f'{r.eval_batches} x {r.eval_batch_size} sequences of '
+                           f'{d.eval_split} every {r.eval_every} steps' if r.eval_every
+                           else 'none (eval.every=0)'))
+  tokens = r.steps * r.num_workers * r.batch_per_worker * r.seq_len
+  ticks = f' ({total} ticks of the asynchronous replay)' if total != r.steps else ''
+  lines.append(header_line(
+      'tokens', f'{tokens:,} planned: {r.steps} steps{ticks} x {r.num_workers} workers x '
+      f'{r.batch_per_worker} sequences x {r.seq_len}'))
+  lines.append(header_line('network', _network_line(exp.network)))
+  if start:
+    run = f'resuming from step {start} of {total}'
+  elif r.init_from:
+    run = f'a new run, warm-started from {r.init_from}'
+  else:
+    run = 'a new run'
+  every = (f'checkpoint every {r.checkpoint_every} steps' if r.checkpoint_every
+           else 'checkpoint at the end')
+  lines.append(header_line('workdir', f'{workdir} ({run}; {every})'))
+  return lines
+
+
+def _wrapped(key: str, words: list[str]) -> list[str]:
+  lines, line = [], ''
+  for word in words:
+    if line and len(header_line(key, f'{line} {word}')) > HEADER_WIDTH:
+      lines.append(line)
+      line = word
+    else:
+      line = f'{line} {word}' if line else word
+  lines.append(line)
+  return [header_line(key if n == 0 else '', text) for n, text in enumerate(lines)]
+
+
+def _network_line(net: network_lib.NetworkConfig | None) -> str:
+  if net is None:
+    return 'none (no simulated clock: set network.profile to time the run)'
+  defaults = {f.name: f.default for f in dataclasses.fields(net)}
+  changed = [f'{k}={v}' for k, v in dataclasses.asdict(net).items()
+             if k not in ('profile', 'mode') and v != defaults[k]]
+  return ' '.join([f'{net.profile} ({net.mode})', *changed])
 
 
 def print_summary(config, workdir: str, record: dict[str, Any]) -> None:

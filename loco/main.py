@@ -2,7 +2,7 @@
 
 Flags in (`loco.flags`), `train.run(config, workdir)` out. What a user can cause ends
 as one line on stderr and a non-zero exit; Ctrl-C and SIGTERM stop the run at its next
-chunk, and the same command resumes it.
+chunk boundary and save a checkpoint there, and the same command resumes it.
 """
 
 import os
@@ -48,12 +48,11 @@ def main(argv):
     _exit('loco: error: --workdir is empty; name a directory, or leave the flag out for '
           f'runs/{flags.config_name()}.', 2)
   workdir = flags.WORKDIR.value or f'runs/{flags.config_name()}'
-  # SIGTERM (a scheduler, loco.sweep stopping) stops the run like Ctrl-C. The flag
-  # stops the loop at the next chunk even where a library swallows the KeyboardInterrupt.
+  # SIGTERM (a scheduler, loco.sweep stopping) stops the run like Ctrl-C: once it
+  # trains, at its next chunk boundary with a checkpoint there; a second signal at once.
   def interrupt(signum, frame):
     del signum, frame
-    train.STOP.set()
-    raise KeyboardInterrupt
+    train.on_signal()
 
   signal.signal(signal.SIGTERM, interrupt)
   signal.signal(signal.SIGINT, interrupt)

@@ -282,6 +282,7 @@ class ProgressBar:
     self.tty = getattr(self.stream, 'isatty', lambda: False)()
     self._first: tuple[int, float] | None = None   # (step, time) of the first update
     self._last_plain = 0.0
+    self._drawn = 0        # characters of the bar on the terminal's current line
 
   def update(self, step: int, loss: float, tokens_per_second: float,
              eval_loss: float | None = None, step_seconds: float | None = None) -> None:
@@ -307,10 +308,19 @@ class ProgressBar:
       text += f'  eval {eval_loss:.3f}'
     if self.tty:
       self.stream.write('\r' + text + ' ' * 4)
+      self._drawn = len(text) + 4
     elif time.time() - self._last_plain > 10 or step >= self.total or eval_loss is not None:
       self._last_plain = time.time()
       self.stream.write(text + '\n')
     self.stream.flush()
+
+  def clear(self) -> None:
+    """Blanks the bar's line on a terminal, so that a line printed next starts clean
+    (the next update draws the bar again)."""
+    if self.enabled and self.tty and self._drawn:
+      self.stream.write('\r' + ' ' * self._drawn + '\r')
+      self.stream.flush()
+      self._drawn = 0
 
   def close(self) -> None:
     if self.enabled and self.tty:

@@ -11,6 +11,7 @@ keeps compiled programs across starts.
 import functools
 import os
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -131,14 +132,17 @@ class CompileAhead:
 
   def __init__(self, lowered):
     self._result = self._error = None
+    self.seconds = 0.0    # how long compiling took, once get() returned
     self._thread = threading.Thread(target=self._compile, args=(lowered,), daemon=False)
     self._thread.start()
 
   def _compile(self, lowered):
+    t = time.perf_counter()
     try:
       self._result = lowered.compile()
     except BaseException as e:  # re-raised in the main thread by get()
       self._error = e
+    self.seconds = time.perf_counter() - t
 
   def get(self):
     self._thread.join()

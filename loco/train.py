@@ -5,16 +5,19 @@ The concepts it puts together live in their own modules: the config boundary
 (`loco.placement`), the host's accounting per chunk (`loco.ledger`), evaluation
 (`loco.evaluate`) and checkpoints (`loco.checkpoint`). The metrics of a chunk are
 fetched after the next chunk is dispatched, except at checkpoints, where the chunk's
-losses are checked finite before the state is written.
+losses are checked finite before the state is written. A stop (SIGTERM, Ctrl-C: STOP)
+is taken at a chunk boundary, as a checkpoint is, so that a preemption loses no step.
 """
 
 import functools
+import os
 import sys
 import threading
 import time
 from typing import Any, NoReturn
 
 import jax
+from jax.experimental import multihost_utils
 import ml_collections
 import numpy as np
 
@@ -41,7 +44,10 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   Everything a user can cause ends in one `LocoError` (a config, data, workdir or
   checkpoint problem, divergence, Ctrl-C / SIGTERM) and never loses a committed
   checkpoint. A workdir holds one run at a time (a lock); resuming needs the same
-  config (only `steps` may grow); a finished run returns its last record.
+  config (only `steps` may grow); a finished run returns its last record. STOP set
+  (`on_signal`, or another thread) ends the run at its next chunk boundary with a
+  checkpoint there (`Interrupted` names its step). Process 0 prints a header of what
+  the run will do, then each start-up phase's seconds as it ends (stdout).
 
   Args:
     config: the experiment's ConfigDict (loco/configs/default.py).
@@ -50,6 +56,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
       restore, compile, first_chunk).
   """
   clock = _Phases(timings)
+  abandoned = False
   exp = experiment_lib.parse_config(config)
   r = exp.run
   placement = Placement.make(r.mesh_workers, r.num_workers, r.mesh_fsdp, r.batch_per_worker)
@@ -66,16 +73,43 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
       raise WorkdirError(f'{_os_error(e)}; {_kept(checkpointer, wd.path)}: fix it and '
                          'the same command resumes.') from e
     except KeyboardInterrupt:
+      if clock.stopping:   # a second signal while stopping: abandon the save in flight
+        abandoned = True
+        what = (f'while saving step {clock.saving}; that save was abandoned'
+                if clock.saving is not None else f'after step {clock.step}')
+        kept = _kept(checkpointer, wd.path, wait=False)
+        raise Interrupted(f'interrupted again {what}; {kept}: the same command resumes '
+                          'from it.') from None
       at = f' after step {clock.step}' if clock.step is not None else ' while starting'
       raise Interrupted(f'interrupted{at}; {_kept(checkpointer, wd.path)}: the same '
                         'command resumes from it.') from None
     finally:
-      if checkpointer is not None:
+      _TRAINING.clear()
+      if checkpointer is not None and not abandoned:
         _close_quietly(checkpointer)
 
 
-# Set by loco.main's SIGINT / SIGTERM handler: the loop stops before its next chunk.
+# Set by `on_signal` (loco.main's SIGINT / SIGTERM handler), or by a caller in another
+# thread: the loop stops at its next chunk boundary and saves a checkpoint there.
 STOP = threading.Event()
+# Set while a loop trains (after its first chunk is dispatched): there is work to save.
+_TRAINING = threading.Event()
+
+
+def on_signal() -> None:
+  """What loco.main's SIGINT / SIGTERM handler does (in the main thread).
+
+  While a run trains, the first signal only sets STOP: no exception is raised inside
+  JAX or orbax; the loop stops at its next chunk boundary, writes that chunk's row and
+  saves a checkpoint there, so a preemption loses no step. While the run starts (there
+  is nothing to save yet), and at a second signal (during that save), it raises
+  KeyboardInterrupt at once: the save in flight is abandoned and the last committed
+  checkpoint is what is kept (orbax gives a step folder its commit marker last).
+  """
+  again = STOP.is_set()
+  STOP.set()
+  if again or not _TRAINING.is_set():
+    raise KeyboardInterrupt
 
 
 def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorithm,
@@ -83,6 +117,7 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
            clock: '_Phases') -> dict[str, Any]:
   r = exp.run
   note = _note if is_main else (lambda message: None)
+  say = _say if is_main else (lambda line: None)
   _refuse_diverged(wd)
   timeline = ledger_lib.make_timeline(exp, algorithm)
   # Ticks: inner steps, or the asynchronous replay's ticks.
@@ -91,6 +126,8 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
   if start == total:
     note(f'the run in {wd.path} finished before (step {start} of {total}); nothing to do.')
     return wd.last_record()
+  for line in experiment_lib.header(exp, wd.path, start, total):
+    say(line)
 
   experiment_lib.check_vocabulary(exp)
   key = jax.random.key(r.seed)
@@ -104,9 +141,12 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
   state = (checkpoint_lib.warm_start(init, key, abstract_state, r.init_from,
                                      r.init_inner_state, note)
            if r.init_from and not start else init(key))
-  clock.lap('init')
+  say(_phase('set up', clock.lap('init'), 'the model and optimizer state; the train step '
+             'traced (it compiles in the background)'))
   train_data, eval_windows = _data(exp, placement)
-  clock.lap('data')
+  say(_phase('read data', clock.lap('data'), 'train and eval windows' + (
+      f' (a first run prepares the corpus once, in {_home(exp.data.resolved_data_dir)})'
+      if exp.data.source != 'tfds' else '')))
 
   host_state = {}
   if start:
@@ -114,7 +154,9 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
     train_data.set_state(data_state)
   if is_main:
     experiment_lib.write_config_json(wd, config, exp)
-  clock.lap('restore')
+  seconds = clock.lap('restore')
+  if start:
+    say(_phase('restored', seconds, f'the state, data position and counters of step {start}'))
 
   diverged = functools.partial(_diverged, wd, checkpointer, is_main)
   writer, comm_log = _writers(wd, config, exp, start, is_main, note)
@@ -123,24 +165,36 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
       vocab_size=exp.model.vocab_size, timeline=timeline, comm_log=comm_log,
       diverged=diverged)
   ledger.load_state_dict(host_state)
-  evaluate = _evaluator(exp, graphdef, eval_windows, note)
   check_finite = jax.jit(step_lib.all_finite)
   progress = ProgressBar(total, start, enabled=r.progress and is_main)
+  evaluate = _evaluator(exp, graphdef, eval_windows,
+                        lambda line: (progress.clear(), say(line)))
 
   def finish(end_step, k, outputs):   # the host's share of a chunk, once its outputs are in
     record = ledger.finish(end_step, k, *placement.fetch(outputs))
     clock.step = end_step
     return record
 
+  def save(step, state, data_state):
+    if not bool(check_finite((state.params, state.anchor))):
+      diverged(step, f'the parameters became non-finite by step {step}')
+    checkpointer.save(step, state, placement.every_position(data_state),
+                      ledger.state_dict())
+
   compiled = pending = None   # pending: (end_step, k, outputs) of the chunk in flight
+  step = saved = start        # the step reached; the newest checkpoint's
+  data_state = None
   for step, k, batches, contexts, valid, data_state in _chunks(
       start, total, chunk_len, train_data, timeline, placement):
     if compiled is None:
       clock.lap('first_batch')
       compiled = ahead.get()
-      clock.lap('compile')
+      waited = clock.lap('compile')
+      say(_phase('compiled', ahead.seconds, 'the train step, in the background '
+                 f'({waited:.1f} s waited for it)'))
       ledger.mark()
     state, outputs = compiled(state, batches, contexts, valid)
+    _TRAINING.set()
     if pending is not None:
       _emit(writer, progress, *finish(*pending))
     pending = (step, k, outputs)
@@ -150,25 +204,46 @@ def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorith
       record, step_seconds = finish(*pending)
       pending = None
       if boundary_eval:
-        record.update(evaluate(state.params))
+        record.update(evaluate(state.params, step))
       # The row first, then the checkpoint: a checkpoint never exists without its row.
       _emit(writer, progress, record, step_seconds)
       if boundary_ckpt:
-        if not bool(check_finite((state.params, state.anchor))):
-          diverged(step, f'the parameters became non-finite by step {step}')
-        checkpointer.save(step, state, placement.every_position(data_state),
-                          ledger.state_dict())
+        save(step, state, data_state)
+        saved = step
       ledger.mark()
     if clock.wants('first_chunk'):
       jax.block_until_ready(outputs)
       clock.lap('first_chunk')
+  stopped = step < total   # by STOP: the chunk in flight finishes, then a checkpoint
+  clock.stopping = stopped
   if pending is not None:
     _emit(writer, progress, *finish(*pending))
   progress.close()
+  if stopped:
+    message = _save_at_stop(wd.path, checkpointer, clock, saved, step,
+                            lambda: save(step, state, data_state))
   writer.close()
   comm_log.close()
+  if stopped:
+    raise Interrupted(message)
   checkpointer.wait()
   return ledger.last_record
+
+
+def _save_at_stop(path: str, checkpointer: Checkpointer, clock: '_Phases', saved: int,
+                  step: int, save) -> str:
+  """Saves the checkpoint of a run stopped at `step` (a chunk boundary whose row is
+  written) unless it has one, waits for its commit; returns what the stop line says."""
+  if saved != step:
+    clock.saving = step
+    t = time.perf_counter()
+    save()
+    checkpointer.wait()
+    clock.saving = None
+    return (f'interrupted after step {step}; saved its checkpoint (step {step}) in '
+            f'{time.perf_counter() - t:.1f} s in {path}: the same command resumes from it.')
+  return (f'interrupted after step {step}; {_kept(checkpointer, path)}: the same command '
+          'resumes from it.')
 
 
 def _refuse_diverged(wd: workdir_lib.Workdir) -> None:
@@ -215,13 +290,13 @@ def _chunks(step: int, total: int, chunk_len: int, train_data, timeline,
   """Yields (end step, k, placed batches, contexts, valid, data state) per chunk.
 
   Chunks end on multiples of log_every (and at the end); each is padded to chunk_len
-  steps, `valid` marking the k real ones. Stops (KeyboardInterrupt) before reading a
-  chunk once STOP is set."""
+  steps, `valid` marking the k real ones. Ends early, at a chunk boundary that every
+  process agrees on, once STOP is set (`stop_agreed`)."""
   while step < total:
-    if STOP.is_set():
-      raise KeyboardInterrupt
     k = min(chunk_len - step % chunk_len, total - step)
     batches = np.stack([next(train_data) for _ in range(k)])
+    if stop_agreed():   # after the read: on several hosts it waits for the chunk in flight
+      return
     contexts = None if timeline is None else timeline.contexts(step, k)
     valid = np.arange(chunk_len) < k
     batches, contexts = step_lib.pad_steps((batches, contexts), chunk_len)
@@ -240,24 +315,37 @@ def _writers(wd: workdir_lib.Workdir, config, exp: Experiment, start: int, is_ma
           commlog.CommLog(wd.path, exp.run.num_workers, resume_step=start))
 
 
-def _evaluator(exp: Experiment, graphdef, windows: data_lib.EvalWindows, note):
-  """`evaluate(params_MxP) -> metrics` on the run's eval windows; the first call notes
-  what an evaluation covers and costs."""
+def stop_agreed() -> bool:
+  """Whether the loop stops at this chunk boundary: STOP is set, on any process.
+
+  On several hosts every process must stop, and save, at the same step, so the
+  processes gather their flags at each boundary (one integer each). loco.main's handler
+  takes SIGTERM and SIGINT itself, so jax's preemption sync point (which watches
+  SIGTERM through its own handler) would never fire; the gather is that agreement."""
+  if jax.process_count() == 1:
+    return STOP.is_set()
+  flags = multihost_utils.process_allgather(np.int32(STOP.is_set()))
+  return bool(np.any(flags))
+
+
+def _evaluator(exp: Experiment, graphdef, windows: data_lib.EvalWindows, say):
+  """`evaluate(params_MxP, step) -> metrics` on the run's eval windows; the first call
+  says what an evaluation covers and costs."""
   r = exp.run
   evaluate = evaluate_lib.make_evaluator(exp.model, graphdef, r.eval_per_worker)
-  noted = []
+  said = []
 
-  def evaluate_noting(params_MxP):
+  def evaluate_saying(params_MxP, step: int):
     t = time.perf_counter()
     metrics = evaluate(params_MxP, windows)
-    if not noted:
-      noted.append(True)
-      note(f'eval: {r.eval_batches} x {r.eval_batch_size} windows from '
-           f'{len(np.unique(windows.docs))} of {windows.split_documents} documents of '
-           f'{exp.data.eval_split}, {time.perf_counter() - t:.1f} s per eval (the first '
-           'includes compiling it).')
+    if not said:
+      said.append(True)
+      say(_phase('first eval', time.perf_counter() - t,
+                 f'at step {step}, compiling it included: {r.eval_batches} x '
+                 f'{r.eval_batch_size} sequences from {len(np.unique(windows.docs))} of the '
+                 f'{windows.split_documents} {exp.data.eval_split} documents'))
     return metrics
-  return evaluate_noting
+  return evaluate_saying
 
 
 def _diverged(wd: workdir_lib.Workdir, checkpointer: Checkpointer, is_main: bool,
@@ -290,21 +378,26 @@ class _NoWriter:
 
 
 class _Phases:
-  """Wall seconds of the start-up phases (into a caller's dict), and the step reached."""
+  """Wall seconds of the start-up phases (into a caller's dict), the step reached, and
+  whether the run is stopping (a second signal then abandons the stop's save)."""
 
   def __init__(self, out: dict[str, float] | None):
     self.out = out
     self.t = time.perf_counter()
     self.step: int | None = None    # the last step whose results are in, for messages
+    self.stopping = False           # STOP was agreed: finishing the last chunk, saving
+    self.saving: int | None = None  # the step the stop's checkpoint is being saved at
 
   def wants(self, name: str) -> bool:
     return self.out is not None and name not in self.out
 
-  def lap(self, name: str) -> None:
+  def lap(self, name: str) -> float:
+    """Ends phase `name`; returns its seconds."""
     now = time.perf_counter()
+    seconds, self.t = now - self.t, now
     if self.out is not None:
-      self.out[name] = self.out.get(name, 0.0) + now - self.t
-    self.t = now
+      self.out[name] = self.out.get(name, 0.0) + seconds
+    return seconds
 
 
 def _os_error(e: OSError) -> str:
@@ -312,12 +405,14 @@ def _os_error(e: OSError) -> str:
   return f'{e.strerror or e}{where}'
 
 
-def _kept(checkpointer: Checkpointer | None, path: str) -> str:
-  """Names the newest committed checkpoint, after an in-flight save commits or fails."""
+def _kept(checkpointer: Checkpointer | None, path: str, wait: bool = True) -> str:
+  """Names the newest committed checkpoint, after an in-flight save commits or fails
+  (`wait`), or as it is on disk now (a save in flight is being abandoned)."""
   step = None
   if checkpointer is not None:
     try:
-      checkpointer.wait()
+      if wait:
+        checkpointer.wait()
     except Exception:  # a failed save: the newest committed one is what is kept
       pass
     try:
@@ -338,3 +433,18 @@ def _close_quietly(checkpointer: Checkpointer) -> None:
 
 def _note(message: str) -> None:
   print(f'loco: note: {message}', file=sys.stderr, flush=True)
+
+
+def _say(line: str) -> None:
+  """A line of what the run does (its header, its phases), on stdout as its summary;
+  stderr keeps the progress bar, notes and the one line of an error or a stop."""
+  print(line, flush=True)
+
+
+def _home(path: str) -> str:
+  home = os.path.expanduser('~')
+  return '~' + path[len(home):] if path.startswith(home + os.sep) else path
+
+
+def _phase(name: str, seconds: float, what: str) -> str:
+  return experiment_lib.header_line(name, f'{seconds:.1f} s  {what}')

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from loco import batched
+from loco import checkpoint as checkpoint_lib
 from loco import train
 from loco.errors import ConfigError, Interrupted
 from loco.metrics import read_metrics
@@ -84,7 +85,8 @@ def test_batched_runs_resume_alone_or_together(tmp_path, small_corpus_glob, data
                                                monkeypatch):
   configs = [_config(small_corpus_glob, data_dir, run) for run in RUNS[:2]]
   dirs = [str(tmp_path / 'a'), str(tmp_path / 'b')]
-  # Stopped after the step-10 checkpoint (Ctrl-C at the next chunk).
+  # Stopped at step 15 (STOP, as SIGTERM sets it, once chunk 11-15 is read): each run
+  # saves a checkpoint of that step, its row written first.
   real = batched._chunks
 
   def stop_at_15(start, *args):
@@ -98,9 +100,13 @@ def test_batched_runs_resume_alone_or_together(tmp_path, small_corpus_glob, data
     batched.run_batched(configs, dirs, outcomes)
   train.STOP.clear()
   assert [o['state'] for o in outcomes.values()] == ['interrupted'] * 2
-  assert 'checkpoint (step 10)' in outcomes[dirs[0]]['error']
+  for d in dirs:
+    assert outcomes[d]['error'].startswith(
+        "interrupted after step 15; saved each run's checkpoint (step 15) in "), outcomes[d]
+    assert checkpoint_lib.committed_steps(os.path.join(d, 'checkpoints')) == [10, 15]
+    assert read_metrics(d)[-1]['step'] == 15
   monkeypatch.setattr(batched, '_chunks', real)
-  # Run b resumes alone; then a (at step 10) and a new run c (at 0) go together.
+  # Run b resumes alone; then a (at step 15) and a new run c (at 0) go together.
   train.run(configs[1], dirs[1])
   third = _config(small_corpus_glob, data_dir, RUNS[2])
   results = batched.run_batched([configs[0], configs[1], third],
@@ -200,9 +206,9 @@ def test_links_inside_a_workdir_or_a_sweep_are_refused_and_the_rule_is_one_line(
 
 def test_sigterm_stops_every_run_at_its_checkpoint_in_one_line(tmp_path, small_corpus_glob,
                                                                  data_dir):
-  """The command under SIGTERM (what loco.sweep sends): one `stopped:` line, exit 130,
-  each run 'interrupted' in the results with its last checkpoint, and the same command
-  finishes them."""
+  """The command under SIGTERM (what loco.sweep sends): one `stopped:` line naming the
+  step reached, exit 130, each run 'interrupted' in the results with a checkpoint of
+  that step, and the same command finishes them."""
   import signal
   import subprocess
   import sys
@@ -232,12 +238,18 @@ def test_sigterm_stops_every_run_at_its_checkpoint_in_one_line(tmp_path, small_c
   # checkpoint commit fit in that on an idle machine (this allows a busy one).
   assert time.time() - t < 45
   assert proc.returncode == 130, err
-  assert err.strip().splitlines()[-1].startswith('loco.batched: stopped: interrupted;')
+  # Stopped at a chunk boundary, each run with its row and its checkpoint there.
+  step = read_metrics(runs[0]['workdir'])[-1]['step']
+  line = err.strip().splitlines()[-1]
+  assert line.startswith(f'loco.batched: stopped: interrupted after step {step}; ') and (
+      f' checkpoint (step {step}) ' in line), line
   assert 'Traceback' not in err
   outcome = json.loads(results.read_text())
   for r in runs:
-    assert outcome[r['workdir']]['state'] == 'interrupted'
-    assert 'last good checkpoint (step' in outcome[r['workdir']]['error']
+    assert outcome[r['workdir']] == dict(state='interrupted',
+                                         error=line[len('loco.batched: stopped: '):])
+    assert read_metrics(r['workdir'])[-1]['step'] == step
+    assert step in checkpoint_lib.committed_steps(os.path.join(r['workdir'], 'checkpoints'))
   again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600,
                          cwd=os.path.dirname(os.path.dirname(__file__)))
   assert again.returncode == 0, again.stderr

@@ -275,3 +275,23 @@ def test_metrics_keys_may_change_on_resume(tmp_path):
   new['seed'] = 1
   with pytest.raises(WorkdirError, match='seed'):
     workdir_lib.Workdir(str(tmp_path)).check_resume(new, 10)
+
+
+def test_the_progress_bar_blanks_its_line_for_a_line_printed_under_it():
+  """On a terminal the bar redraws one line with \\r; a line printed while it shows (the
+  first eval's seconds) would run on after it, so `clear` blanks the bar first."""
+  import io
+
+  class Terminal(io.StringIO):
+    def isatty(self):
+      return True
+
+  bar = metrics.ProgressBar(100)
+  bar.stream, bar.tty = Terminal(), True
+  bar.update(10, 3.0, 1000.0, step_seconds=0.1)
+  drawn = bar.stream.getvalue()
+  assert drawn.startswith('\r[##') and 'step 10/100' in drawn
+  bar.clear()
+  assert bar.stream.getvalue() == drawn + '\r' + ' ' * (len(drawn) - 1) + '\r'
+  bar.clear()                                   # nothing drawn since: nothing written
+  assert bar.stream.getvalue() == drawn + '\r' + ' ' * (len(drawn) - 1) + '\r'

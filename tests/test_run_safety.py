@@ -212,8 +212,9 @@ def test_rerunning_a_finished_workdir_prints_its_summary(tmp_path, small_corpus_
   again = _cli(f'--config={config}', f'--workdir={workdir}')
   assert again.returncode == 0, again.stderr[-2000:]
   assert 'finished before (step 10 of 10); nothing to do' in again.stderr
-  summary = first.stdout.splitlines()
-  assert 'steps: 10' in summary[1] and summary == again.stdout.splitlines()
+  summary = again.stdout.splitlines()    # the first run's header and phases are not repeated
+  assert summary[0] == f'workdir: {workdir}' and 'steps: 10' in summary[1]
+  assert first.stdout.splitlines()[-len(summary):] == summary
 
 
 def test_an_incomplete_step_folder_is_not_a_finished_run(nano_config, tmp_path, capsys):
@@ -371,10 +372,191 @@ def test_a_swallowed_interrupt_still_stops_the_loop(nano_config, tmp_path):
     train.STOP.clear()
 
 
+# SIGTERM and Ctrl-C while training: a checkpoint at the step reached (preemption).
+
+@contextlib.contextmanager
+def _loco_signal_handler():
+  """loco.main's SIGTERM handler, installed in this process."""
+  old = signal.signal(signal.SIGTERM, lambda signum, frame: train.on_signal())
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, old)
+    train.STOP.clear()
+
+
+def _signal_after_row(monkeypatch, step: int) -> None:
+  """SIGTERM to this process once the row of `step` is written."""
+  write = metrics.MetricsWriter.write
+
+  def write_then_signal(self, record):
+    write(self, record)
+    if record['step'] == step:
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  monkeypatch.setattr(metrics.MetricsWriter, 'write', write_then_signal)
+
+
+def _text(workdir: str, name: str) -> str:
+  with open(os.path.join(workdir, name)) as f:
+    return f.read()
+
+
+def _final_state(workdir: str) -> dict:
+  _, state = checkpoint_lib.read_named_state(workdir)
+  return dict(jax.tree_util.tree_flatten_with_path(state)[0])
+
+
+@pytest.mark.slow
+def test_sigterm_between_checkpoints_saves_the_step_reached_and_resumes_exactly(
+    nano_config, tmp_path, monkeypatch):
+  """No periodic checkpoint before the end (checkpoint.every 100 > 30 steps): SIGTERM
+  while step 20 is in flight stops the loop at step 20 with that step's row and a
+  checkpoint; the same command then gives the uninterrupted run's rows, comms and
+  final state bit for bit."""
+  nano_config.steps = 30
+  nano_config.checkpoint.every = 100
+  full = str(tmp_path / 'full')
+  train.run(nano_config, full)
+  workdir = str(tmp_path / 'run')
+  _signal_after_row(monkeypatch, 15)    # written once chunk 16-20 is dispatched
+  with _loco_signal_handler(), pytest.raises(Interrupted) as stopped:
+    train.run(nano_config, workdir)
+  assert re.fullmatch(rf'interrupted after step 20; saved its checkpoint \(step 20\) in '
+                      rf'\d+\.\d s in {re.escape(workdir)}: the same command resumes from '
+                      r'it\.', str(stopped.value)), str(stopped.value)
+  assert checkpoint_lib.committed_steps(os.path.join(workdir, 'checkpoints')) == [20]
+  assert [r['step'] for r in read_metrics(workdir)] == [5, 10, 15, 20]
+  monkeypatch.undo()
+  train.run(nano_config, workdir)
+  assert _comparable(read_metrics(workdir)) == _comparable(read_metrics(full))
+  assert _text(workdir, 'comms.jsonl') == _text(full, 'comms.jsonl')
+  ours, theirs = _final_state(workdir), _final_state(full)
+  assert ours.keys() == theirs.keys()
+  for path in ours:
+    np.testing.assert_array_equal(ours[path], theirs[path], err_msg=str(path))
+
+
+_SLOW_SAVE_FILE = '''
+import os, signal, sys, time
+sys.path.insert(0, {repo!r})
+from tests.nano import make_nano_config
+from loco import metrics
+from orbax.checkpoint._src.checkpointers import async_checkpointer
+
+# The test's first signal and its slow save: SIGTERM to this process once row 25 is
+# written (the loop stops at step 30 and saves it); every save after the first (step
+# 20's) waits 10 minutes in orbax's background thread before it commits.
+_write = metrics.MetricsWriter.write
+def _write_then_signal(self, record):
+  _write(self, record)
+  if record['step'] == 25:
+    os.kill(os.getpid(), signal.SIGTERM)
+metrics.MetricsWriter.write = _write_then_signal
+_commit = async_checkpointer._background_wait_for_commit_futures
+_saves = []
+def _slow_commit(*args, **kwargs):
+  _saves.append(1)
+  if len(_saves) > 1:
+    time.sleep(600)
+  return _commit(*args, **kwargs)
+async_checkpointer._background_wait_for_commit_futures = _slow_commit
+
+def get_config():
+  c = make_nano_config({glob!r}, {data_dir!r})
+  c.steps, c.checkpoint.every = 40, 20
+  return c
+'''
+
+
+@pytest.mark.slow
+def test_a_second_sigterm_during_the_save_keeps_the_last_committed_checkpoint(
+    nano_config, tmp_path, small_corpus_glob, data_dir):
+  """The first SIGTERM stops the run at step 30, whose save is held in orbax's
+  background thread; a second SIGTERM abandons it: one line naming step 30 and the
+  step-20 checkpoint kept, exit 130, at once; the resume from step 20 equals the
+  uninterrupted run."""
+  config = tmp_path / 'slow_save.py'
+  config.write_text(_SLOW_SAVE_FILE.format(repo=REPO, glob=small_corpus_glob,
+                                           data_dir=data_dir))
+  workdir = str(tmp_path / 'run')
+  env = dict(os.environ, JAX_PLATFORMS='cpu')
+  proc = subprocess.Popen([sys.executable, '-m', 'loco.main', f'--config={config}',
+                           f'--workdir={workdir}'], cwd=REPO, env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  checkpoints = os.path.join(workdir, 'checkpoints')
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None and not any(
+      name.startswith('30.') for name in (os.listdir(checkpoints)
+                                          if os.path.isdir(checkpoints) else ())):
+    time.sleep(0.1)
+  time.sleep(0.5)
+  proc.send_signal(signal.SIGTERM)
+  _, err = proc.communicate(timeout=60)
+  assert proc.returncode == 130, err[-2000:]
+  lines = [line for line in err.splitlines() if line.startswith('loco:')
+           and not line.startswith('loco: note:')]
+  assert lines == [
+      'loco: stopped: interrupted again while saving step 30; that save was abandoned; the '
+      f'last good checkpoint (step 20) is kept in {workdir}: the same command resumes from '
+      'it.'], err[-2000:]
+  assert 'Traceback' not in err
+  assert checkpoint_lib.committed_steps(checkpoints) == [20]
+  assert read_metrics(workdir)[-1]['step'] == 30     # the row came before the save
+  nano_config.steps, nano_config.checkpoint.every = 40, 20
+  train.run(nano_config, workdir)                    # the same config, without the delay
+  full = str(tmp_path / 'full')
+  train.run(nano_config, full)
+  assert _comparable(read_metrics(workdir)) == _comparable(read_metrics(full))
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_of_two_processes_stops_both_at_one_step(tmp_path, small_corpus_glob,
+                                                                data_dir):
+  """Two CPU processes over Gloo on a 2 x 4 mesh; SIGTERM reaches process 1 only: both
+  stop at the same chunk boundary (they gather the stop flag at each one) and save
+  that step's checkpoint together. Only process 0 prints the header and phases."""
+  import socket
+  with socket.socket() as s:
+    s.bind(('localhost', 0))
+    port = s.getsockname()[1]
+  config = _nano_file(tmp_path, small_corpus_glob, data_dir, steps=100000)
+  workdir = str(tmp_path / 'run')
+  env = {**{k: v for k, v in os.environ.items() if k != 'XLA_FLAGS'}, 'JAX_PLATFORMS': 'cpu',
+         'XLA_FLAGS': '--xla_force_host_platform_device_count=4'}
+  procs = [subprocess.Popen(
+      [sys.executable, '-m', 'loco.main', f'--config={config}', f'--workdir={workdir}',
+       '--distributed', f'--coordinator_address=localhost:{port}', '--num_processes=2',
+       f'--process_id={i}', '--config.num_workers=4', '--config.batch_per_worker=4',
+       '--config.mesh.workers=2', '--config.mesh.fsdp=4', '--config.checkpoint.every=1000',
+       '--config.eval.every=1000'], cwd=REPO, env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE, text=True) for i in range(2)]
+  metrics_path = os.path.join(workdir, 'metrics.jsonl')
+  deadline = time.time() + 300
+  while time.time() < deadline and all(p.poll() is None for p in procs) and not (
+      os.path.exists(metrics_path) and len(read_metrics(workdir)) >= 3):
+    time.sleep(0.2)
+  procs[1].send_signal(signal.SIGTERM)
+  outs, errs = zip(*[p.communicate(timeout=120) for p in procs])
+  header = ('loco: ddp, 4 workers on 8 cpu devices (mesh 2 workers x 4 fsdp) in 2 '
+            'processes; model nano: ')
+  assert any(line.startswith(header) for line in outs[0].splitlines()), outs[0]
+  assert 'loco: ddp' not in outs[1] and 'compiled' not in outs[1], outs[1]   # process 0's
+  assert [p.returncode for p in procs] == [130, 130], errs[0][-2000:] + errs[1][-2000:]
+  step = read_metrics(workdir)[-1]['step']
+  for err in errs:
+    lines = [line for line in err.splitlines() if line.startswith('loco: stopped:')]
+    assert len(lines) == 1 and lines[0].startswith(
+        f'loco: stopped: interrupted after step {step}; saved its checkpoint (step {step})'
+    ), err[-2000:]
+  assert checkpoint_lib.committed_steps(os.path.join(workdir, 'checkpoints')) == [step]
+
+
 @pytest.mark.parametrize('when', ['training', 'starting'])
 def test_sigint_to_the_cli_prints_one_line(tmp_path, small_corpus_glob, data_dir, when):
   """Ctrl-C after 3 rows, or half a second after the start (imports, config, init):
-  one line, exit 130, and the process ends at once (its exit once crashed or hung)."""
+  one line, exit 130, and the process ends at once (its exit once crashed or hung);
+  while training, the line names the step reached, whose checkpoint it saved."""
   config = _nano_file(tmp_path, small_corpus_glob, data_dir, steps=100000)
   workdir = str(tmp_path / 'run')
   env = dict(os.environ, JAX_PLATFORMS='cpu')
@@ -395,8 +577,12 @@ def test_sigint_to_the_cli_prints_one_line(tmp_path, small_corpus_glob, data_dir
       'loco: stopped: interrupted after step ' if when == 'training' else
       'loco: stopped: interrupted while starting'), err[-2000:]
   assert 'Traceback' not in err
-  if when == 'training':
-    assert 'the same command resumes from it.' in lines[0]
+  if when == 'training':   # stopped at a chunk boundary with its row and its checkpoint
+    step = read_metrics(workdir)[-1]['step']
+    assert lines[0].startswith(f'loco: stopped: interrupted after step {step}; ')
+    assert f'(step {step})' in lines[0] and lines[0].endswith('the same command resumes '
+                                                              'from it.'), lines[0]
+    assert step in checkpoint_lib.committed_steps(os.path.join(workdir, 'checkpoints'))
 
 
 # Divergence.

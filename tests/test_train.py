@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,7 +26,7 @@ def _comparable(records):
   return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
 
 
-def test_run_writes_outputs_and_resumes_exactly(nano_config, tmp_path):
+def test_run_writes_outputs_and_resumes_exactly(nano_config, tmp_path, capsys):
   nano_config.algorithm.name = 'diloco'
   nano_config.algorithm.sync_every = 3
   full = str(tmp_path / 'full')
@@ -49,8 +50,54 @@ def test_run_writes_outputs_and_resumes_exactly(nano_config, tmp_path):
   resumed = str(tmp_path / 'resumed')
   shutil.copytree(full, resumed)
   shutil.rmtree(os.path.join(resumed, 'checkpoints', '20'))
+  capsys.readouterr()
   train.run(nano_config, resumed)
   assert _comparable(read_metrics(resumed)) == _comparable(records)
+  assert (f'  workdir    {resumed} (resuming from step 10 of 20; checkpoint every 10 steps)'
+          in capsys.readouterr().out.splitlines())
+
+
+# What a run prints before its first step: a header, then each slow phase as it ends.
+
+def test_a_run_says_what_it_will_do_then_times_each_slow_phase(nano_config, tmp_path,
+                                                              capsys):
+  workdir = str(tmp_path / 'run')
+  train.run(nano_config, workdir)
+  out = capsys.readouterr().out.splitlines()
+  weights = json.load(open(os.path.join(workdir, 'config.json')))['model']['param_count']
+  assert out[0] == (f'loco: ddp, 2 workers on 1 cpu device; model nano: {weights:,} weights '
+                    '(2 layers, d_model 32)')
+  assert out[1] == '  algorithm  transport_dtype=float32'
+  assert '  tokens     2,560 planned: 20 steps x 2 workers x 2 sequences x 32' in out
+  assert '  network    none (no simulated clock: set network.profile to time the run)' in out
+  assert f'  workdir    {workdir} (a new run; checkpoint every 10 steps)' in out
+  phases = [re.match(r'  (\S.*?) +\d+\.\d s  ', line) for line in out]
+  assert [m.group(1) for m in phases if m] == ['set up', 'read data', 'compiled',
+                                               'first eval'], out
+  assert len(out) <= 16       # compact (loco.main then prints the end-of-run summary)
+
+
+def test_the_header_names_the_settings_mesh_network_and_resume_step():
+  from loco import configs
+  exp = experiment.parse_config(configs.load(
+      os.path.join(REPO, 'experiments', 'tiny_gasloc.py'),
+      {'mesh.workers': '2', 'network.profile': 'multi_region', 'network.step_seconds': '0.1'}))
+  lines = experiment.header(exp, 'runs/x', start=100, total=300)
+  text = '\n'.join(lines)
+  assert lines[0].startswith('loco: gasloc, 8 workers on 2 cpu devices (mesh 2 workers x 1 '
+                             'fsdp); model tiny: ')
+  for setting in ('sync_every=50', 'topology=ring', 'weights=metropolis',
+                  'outer_optimizer=nesterov', 'outer_lr=0.7', 'outer_momentum=0.5'):
+    assert setting in text, setting
+  assert all(len(line) <= experiment.HEADER_WIDTH for line in lines[1:]), lines
+  assert 'adamw lr=0.003 warmup_steps=50 decay_steps=250 final_lr_frac=0.1' in text
+  assert '  data       stdlib, bytes tokenizer, iid over workers' in lines
+  assert '  eval       8 x 16 sequences of validation every 50 steps' in lines
+  assert '  tokens     1,228,800 planned: 300 steps x 8 workers x 4 sequences x 128' in lines
+  assert '  network    multi_region (sync) step_seconds=0.1' in lines
+  assert lines[-1] == ('  workdir    runs/x (resuming from step 100 of 300; checkpoint every '
+                       '100 steps)')
+  assert len(lines) <= 12
 
 
 # One of each engine path in the default run (local updates + all-reduce, gossip, sparse
