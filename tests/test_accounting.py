@@ -46,6 +46,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_counters_match_a_hand_count(nano_config, tmp_path, case):
   name, m, keys, sync_steps, per_sync, kind, peers_of, itemsize = CASES[case]

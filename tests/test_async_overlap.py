@@ -203,6 +203,7 @@ def _toy(alg, num_workers=4):
   return state, lambda params: {'w': params['w'] - target}
 
 
+@pytest.mark.slow
 def test_overlapped_run_on_an_instant_network_equals_synchronous_gasloc():
   """With instant links and equal speeds every worker ends round r at the same
   instant; the 'ready' rule pairs them into a perfect matching, each sends its model
@@ -240,6 +241,7 @@ def test_overlapped_run_on_an_instant_network_equals_synchronous_gasloc():
   assert float(jnp.std(sync_state.params['w'][:, 0])) > 0
 
 
+@pytest.mark.slow
 def test_a_merge_reads_the_partners_model_as_it_was_when_sent():
   """On slow links a worker merges its partner's snapshot: replaying the same ticks
   with each merge reading the partner's current model instead gives other params."""
@@ -291,6 +293,7 @@ def test_a_send_tick_stores_only_the_senders_snapshots():
   assert not np.allclose(after[2:], sent[2:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name,kwargs', [
     ('gasloc', dict(sync_every=2, topology='ring')),
     ('gasloc', dict(sync_every=2, topology='ring', transport_dtype='bfloat16')),
@@ -329,6 +332,7 @@ def test_replay_bytes_per_exchange_equal_the_engines(name, kwargs, overlap):
   assert metrics['stale_steps_max'] >= 0 and 'stale_steps_mean' in metrics
 
 
+@pytest.mark.slow
 def test_overlapped_gasloc_through_the_loop_reports_staleness(nano_config, tmp_path):
   from loco import train
   nano_config.num_workers = 4
@@ -349,6 +353,7 @@ def test_overlapped_gasloc_through_the_loop_reports_staleness(nano_config, tmp_p
   assert np.isfinite(record['eval_loss'])
 
 
+@pytest.mark.slow
 def test_an_async_run_from_before_the_overlap_key_resumes_blocking(nano_config, tmp_path):
   """A run whose stored config has no network.overlap used the blocking replay: resuming
   it with the new default ('compute') would be another run, so it is refused in one
@@ -377,6 +382,7 @@ def test_an_async_run_from_before_the_overlap_key_resumes_blocking(nano_config, 
   assert train.run(nano_config, workdir) == record
 
 
+@pytest.mark.slow
 def test_overlapped_replay_on_8_devices_matches_one_device():
   """The send phase and the snapshot merges under shard_map (one worker per device)
   give the one-device run's params and bytes."""

@@ -143,6 +143,7 @@ def _eager_replay(init_BxD, targets_MxBxD, steps, *, sync_every, tau, alpha, inn
   return params, anchor
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('tau,alpha', [(1, 0.5), (0, 0.25)])
 def test_streaming_eager_matches_a_numpy_replay_with_outer_momentum(tau, alpha):
   """Three rounds of two fragments with Nesterov momentum: the estimate uses the last
@@ -193,6 +194,7 @@ def _distinct(shapes, m, seed=0):
           for i, (n, s) in enumerate(sorted(shapes.items()))}
 
 
+@pytest.mark.slow
 def test_sparta_draws_an_independent_mask_for_each_tensor():
   """Two tensors of one shape get different coordinates, each about p of its own;
   every worker averages the same ones, exactly, and leaves the rest alone."""
@@ -217,6 +219,7 @@ def test_sparta_draws_an_independent_mask_for_each_tensor():
   np.testing.assert_allclose(wire.sent, [2 * (m - 1) / m * 4 * count] * m, rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype,fraction', [('bfloat16', 1.0), ('float16', 0.5),
                                             ('float32', 0.5)])
 def test_sparta_bytes_and_values_at_the_transport_dtype(dtype, fraction):
@@ -250,6 +253,7 @@ def test_sparta_bytes_and_values_at_the_transport_dtype(dtype, fraction):
   np.testing.assert_allclose(wire.received, np.where(live, ring, 0.0), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_sparta_in_training_counts_bfloat16_bytes():
   """Through the algorithm, `transport_dtype='bfloat16'` at p = 1 sends
   `2 (M - 1) / M * 2 n` bytes per step: every value at 2 bytes, no indices."""
@@ -317,6 +321,7 @@ def test_muloco_config_without_an_optimizer_trains_with_muon(nano_config):
 # --- TIES pruning ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('prune', [0.25, 0.9])
 def test_diloco_prune_cuts_that_fraction_of_each_tensor(prune):
   """`prune` is the fraction pruned: each tensor keeps its `max(1, round((1 - prune) n))`
@@ -344,6 +349,7 @@ def test_diloco_prune_cuts_that_fraction_of_each_tensor(prune):
   np.testing.assert_allclose(info.wire.received, [(m - 1) * bits / 8] * m)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('density', [0.05, 0.3, 0.75])
 def test_ties_keeps_round_density_n_largest_values_of_each_tensor(density):
   """Workers that agree: the merge is the identity on each tensor's top
@@ -370,6 +376,7 @@ def test_ties_keeps_round_density_n_largest_values_of_each_tensor(density):
 # --- GASLoC, one peer per round -------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('topology,m,dtype', [('ring', 5, 'float32'),
                                               ('exponential', 8, 'bfloat16')])
 def test_gasloc_pairwise_rounds_use_one_neighbour_and_one_models_bytes(topology, m, dtype):
@@ -468,6 +475,7 @@ def test_one_worker_all_gather_sends_nothing():
     np.testing.assert_array_equal(wire.events, [0])
 
 
+@pytest.mark.slow
 def test_sparseloco_sync_with_absent_workers_counts_and_times_their_download():
   """SparseLoCo at a sync with worker 1 absent: it sends nothing and downloads the three
   alive messages; the alive workers each receive the other two. Cut off (isolated), it

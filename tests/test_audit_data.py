@@ -444,6 +444,7 @@ def _nano(glob, data_dir, seed, lr=3e-3, weight_decay=0.1):
   return c
 
 
+@pytest.mark.slow
 def test_weight_decay_is_each_runs_own_knob(small_corpus_glob, data_dir):
   """Two runs on the same seed and batches that differ only in weight decay, through
   one compiled program: each run equals the same program's run with its decay on both
@@ -486,6 +487,7 @@ def _checkpointed_data(workdir, step):
         data=ocp.args.JsonRestore()))['data'])
 
 
+@pytest.mark.slow
 def test_runs_resumed_together_each_read_their_own_data(tmp_path, small_corpus_glob,
                                                         data_dir, monkeypatch):
   """Two seeds (two data orders) stopped at their step-10 checkpoint and resumed in one

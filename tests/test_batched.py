@@ -53,6 +53,7 @@ ASYNC = dict(mode='async', profile='slow_links', slow_workers=1, slow_factor=20.
              step_seconds=0.1, overlap='compute', peer_choice='rotation')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name, extra, network', [
     ('diloco', {}, None),
     ('gasloc', dict(topology='ring'), None),                          # gossip
@@ -81,6 +82,7 @@ def test_each_batched_workdir_equals_its_solo_run(tmp_path, small_corpus_glob, d
   assert read_metrics(dirs[0])[-1]['train_loss'] != read_metrics(dirs[1])[-1]['train_loss']
 
 
+@pytest.mark.slow
 def test_batched_runs_resume_alone_or_together(tmp_path, small_corpus_glob, data_dir,
                                                monkeypatch):
   configs = [_config(small_corpus_glob, data_dir, run) for run in RUNS[:2]]
@@ -118,6 +120,7 @@ def test_batched_runs_resume_alone_or_together(tmp_path, small_corpus_glob, data
     _same_rows(read_metrics((dirs + [str(tmp_path / 'c')])[i]), read_metrics(solo))
 
 
+@pytest.mark.slow
 def test_a_diverging_run_stops_alone(tmp_path, small_corpus_glob, data_dir):
   runs = [RUNS[0], dict(seed=2, lr=1e-3, outer_lr=1e6)]   # the outer step explodes
   configs = [_config(small_corpus_glob, data_dir, run) for run in runs]
@@ -204,6 +207,7 @@ def test_links_inside_a_workdir_or_a_sweep_are_refused_and_the_rule_is_one_line(
     sweep.run_sweep([sweep.Run('x/y', 'experiments/tiny_ddp.py')], str(out))
 
 
+@pytest.mark.slow
 def test_sigterm_stops_every_run_at_its_checkpoint_in_one_line(tmp_path, small_corpus_glob,
                                                                  data_dir):
   """The command under SIGTERM (what loco.sweep sends): one `stopped:` line naming the

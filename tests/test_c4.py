@@ -119,6 +119,7 @@ def _c4_config(prepared, **data):
   return configs.load(os.path.join(REPO, 'experiments', 'c4_gasloc.py'), overrides)
 
 
+@pytest.mark.slow
 def test_c4_gasloc_trains_on_the_prepared_shards(prepared, tmp_path):
   workdir = str(tmp_path / 'run')
   record = train.run(_c4_config(prepared), workdir)

@@ -83,6 +83,7 @@ def test_an_unknown_key_without_a_near_one_lists_its_section():
                                  'algorithm, batch_per_worker, checkpoint, ')
 
 
+@pytest.mark.slow
 def test_cli_unknown_keys_are_one_line(tmp_path):
   """Before: `loco: error: "'foo'"` and a KeyError repr; now the key and its neighbours."""
   for arg, line in [
@@ -119,6 +120,7 @@ def test_unknown_keys_set_inside_a_config_file_fail(tmp_path, small_corpus_glob,
 
 # Broken config files.
 
+@pytest.mark.slow
 def test_config_file_errors_name_the_file_and_line(tmp_path):
   """Before: a traceback's last line, library internals for a missing file."""
   syntax = tmp_path / 'syntax.py'
@@ -205,6 +207,7 @@ def test_wrong_types_set_inside_a_config_file_fail(tmp_path, small_corpus_glob, 
     assert str(e.value) == message
 
 
+@pytest.mark.slow
 def test_cli_bad_values_stop_before_training(tmp_path, small_corpus_glob, data_dir):
   """Before: keep=0 trained (as keep=1); steps=2.5 and lr=abc were absl parser lines."""
   path = _nano_file(tmp_path, small_corpus_glob, data_dir)
@@ -261,6 +264,7 @@ def test_list_keys_from_overrides():
     assert str(e.value) == f'network.speeds must be a list such as [1, 2, 1, 1], got {shown}.'
 
 
+@pytest.mark.slow
 def test_cli_list_keys(tmp_path, small_corpus_glob, data_dir):
   """A list reaches the run's config.json; a malformed one is one line."""
   path = _nano_file(tmp_path, small_corpus_glob, data_dir)

@@ -165,6 +165,7 @@ def stdlib_docs(data_dir):
           ('train', 'validation', 'validation[:50%]', 'validation[50%:]')}
 
 
+@pytest.mark.slow
 def test_the_stdlib_corpus_has_no_generated_tables(stdlib_docs):
   for split in ('train', 'validation'):
     docs = stdlib_docs[split]

@@ -281,6 +281,7 @@ def test_local_steps_are_an_engine_key_of_every_algorithm_with_rounds():
     algorithms.make('diloco', optax.sgd(0.1), sync_every=4, local_steps=[5, 1])
 
 
+@pytest.mark.slow
 def test_keep_local_on_a_mesh_equals_one_device():
   """16 workers in blocks of 2 on 8 devices, dropout and churn offline: the
   catch-up's copy from the up-to-date worker crosses devices; params, anchors and bytes

@@ -218,6 +218,7 @@ def test_silent_steps_do_not_mix_workers(name):
     assert len(silent_steps) == quiet_between, (silent_steps, quiet_between)
 
 
+@pytest.mark.slow
 def test_a_user_loop_drives_an_algorithm():
   """The public contract: a hand-written loop with vmapped grads and alg.step."""
   w_true = jnp.linspace(-1.0, 1.0, 8)
@@ -249,6 +250,7 @@ def _toy_regression(seed=0):
   return params, x, y, loss
 
 
+@pytest.mark.slow
 def test_ddp_equals_one_worker_at_m_times_the_batch():
   params, x, y, loss = _toy_regression()
   inner = optim.inner_optimizer(optim.InnerConfig(lr=0.05, warmup_steps=2, decay_steps=10))
@@ -265,6 +267,7 @@ def test_ddp_equals_one_worker_at_m_times_the_batch():
       np.testing.assert_allclose(a[worker], b[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_diloco_one_worker_outer_sgd_lr1_equals_adamw():
   params, x, y, loss = _toy_regression(1)
   inner = optim.inner_optimizer(optim.InnerConfig(lr=0.05, warmup_steps=2, decay_steps=10))
@@ -282,6 +285,7 @@ def test_diloco_one_worker_outer_sgd_lr1_equals_adamw():
     np.testing.assert_allclose(a[0], b, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('dtype,itemsize', [('float32', 4), ('bfloat16', 2)])
 def test_all_reduce_bytes_match_hand_count(dtype, itemsize):
   params = {'a': jnp.zeros((10, 7)), 'b': jnp.zeros((3,))}        # 73 parameters
@@ -300,6 +304,7 @@ def test_all_reduce_bytes_match_hand_count(dtype, itemsize):
   np.testing.assert_allclose(info.wire.sent, want, rtol=1e-7)
 
 
+@pytest.mark.slow
 def test_bfloat16_transport_rounds_the_mean():
   params = {'w': jnp.zeros((4,))}
   alg = algorithms.make('ddp', optax.sgd(1.0), transport_dtype='bfloat16')
@@ -391,6 +396,7 @@ def test_map_workers_skips_inactive_workers_under_map(mode):
     np.testing.assert_array_equal(out, [2.0, 4.0, 6.0])
 
 
+@pytest.mark.slow
 def test_train_chunk_skips_inactive_workers_and_reports_the_steppers_loss():
   cfg = model_lib.model_config('nano', vocab_size=64, max_seq_len=16)
   graphdef, params = model_lib.init_params(cfg, jax.random.PRNGKey(0))

@@ -14,6 +14,7 @@ from loco import train
 from loco.metrics import read_metrics
 
 
+@pytest.mark.slow
 def test_rescoring_a_run_on_its_own_eval_windows_gives_its_logged_eval_loss(
     nano_config, tmp_path, capsys):
   """The mean model of the last checkpoint on the run's eval windows is the run's last
@@ -53,6 +54,7 @@ def test_rescoring_a_run_on_its_own_eval_windows_gives_its_logged_eval_loss(
                          'at step 12: not a finished run), eval loss '), line
 
 
+@pytest.mark.slow
 def test_the_eval_keeps_each_windows_loss_and_clusters_its_se_by_document():
   """The in-loop evaluator scores the mean of the workers' models window by window; its
   SE is the CR1 document-clustered one, computed here by hand."""

@@ -50,6 +50,7 @@ def _assert_trees_equal(a, b):
     np.testing.assert_array_equal(u, v)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('m,mix', [(3, 'models'), (4, 'deltas')])
 def test_gasloc_on_the_complete_graph_is_diloco_exactly(m, mix):
   kw = dict(sync_every=3, outer_optimizer='nesterov', outer_lr=0.7, outer_momentum=0.9)
@@ -64,6 +65,7 @@ def test_gasloc_on_the_complete_graph_is_diloco_exactly(m, mix):
     assert bool(a.synced) == bool(b.synced)
 
 
+@pytest.mark.slow
 def test_gasloc_h1_outer_sgd_lr1_is_dsgd():
   ref, _ = _train(algorithms.make('dsgd', _inner(), topology='ring'), 5)
   got, _ = _train(algorithms.make('gasloc', _inner(), sync_every=1, topology='ring',
@@ -72,6 +74,7 @@ def test_gasloc_h1_outer_sgd_lr1_is_dsgd():
   _assert_trees_equal(got.params, ref.params)
 
 
+@pytest.mark.slow
 def test_noloco_is_gasloc_on_random_matchings_with_heavy_ball():
   ref, _ = _train(algorithms.make('noloco', _inner(), sync_every=3), 6)
   got, _ = _train(algorithms.make('gasloc', _inner(), sync_every=3, topology='matching',
@@ -112,6 +115,7 @@ def test_gasloc_round_on_a_ring_by_hand():
 # GASLoC as stated (form='proposed_points'): theta <- W_alpha y + gamma (y - y_prev),
 # y = theta - eta Delta.
 
+@pytest.mark.slow
 def test_proposed_points_on_the_complete_graph_without_momentum_is_diloco_with_outer_sgd():
   ref, ref_infos = _train(algorithms.make('diloco', _inner(), sync_every=3,
                                           outer_optimizer='sgd', outer_lr=0.6), 4)
@@ -126,6 +130,7 @@ def test_proposed_points_on_the_complete_graph_without_momentum_is_diloco_with_o
     np.testing.assert_array_equal(a.wire.sent, b.wire.sent)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('topology', ['ring', 'exponential'])
 def test_proposed_points_at_eta_1_without_momentum_is_the_reconstruction_at_outer_sgd_1(topology):
   kw = dict(sync_every=3, topology=topology, outer_lr=1.0, gossip_step=0.8)

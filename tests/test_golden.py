@@ -151,6 +151,7 @@ def test_every_registered_algorithm_has_golden_numbers():
       f'`{REGENERATE}`.')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_golden_trajectory(case):
   want = _load()['cases'][case]

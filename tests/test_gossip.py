@@ -91,6 +91,7 @@ def _graphs(draw):
   return topo
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None)
 @given(_graphs(), st.integers(0, 2**16), st.sampled_from([1.0, 0.5]))
 def test_every_implementation_is_w_and_preserves_the_mean(topo, seed, gamma):
@@ -112,6 +113,7 @@ def test_every_implementation_is_w_and_preserves_the_mean(topo, seed, gamma):
   np.testing.assert_allclose(outs['auto'], outs['sparse'], atol=2e-6)
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None)
 @given(_graphs(), st.integers(0, 2**16))
 def test_contracts_to_consensus_at_the_spectral_gap_rate(topo, seed):
@@ -141,6 +143,7 @@ def test_random_matchings_contract_in_mean_square():
   assert np.mean(list(seen.values())) <= (1 - topo.spectral_gap) ** 2 * np.sum(flat ** 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('mix', ['models', 'deltas', 'params'])
 @pytest.mark.parametrize('name', ['ring', 'matching', 'exponential', 'complete'])
 def test_mixes_and_dead_workers_match_the_dense_reference(name, mix):
@@ -172,6 +175,7 @@ def test_mixes_and_dead_workers_match_the_dense_reference(name, mix):
   np.testing.assert_allclose(_flat(out)[2], _flat(delta)[2], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_complete_uniform_is_the_all_reduce_exactly():
   for m in (3, 4, 5):
     x = _tree(m, m)
@@ -281,6 +285,7 @@ def test_complete_graph_models_are_the_all_reduce_of_the_deltas_for_equal_anchor
   np.testing.assert_allclose(_flat(out)[1], _flat(delta)[1], atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name,m,impl,dtype,messages', [
     ('ring', 8, 'sparse', 'float32', 2),
     ('ring', 8, 'dense', 'bfloat16', 2),
@@ -338,6 +343,7 @@ def test_pairwise_families():
   assert sorted(odd.edges) == sorted(topology_lib.make_topology('ring', 5).edges)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('step', [1.0, 0.25])
 def test_mixing_step_is_one_step(step):
   topo = topology_lib.make_topology('torus', 6)
@@ -600,6 +606,7 @@ def _place(state, mesh):
                         **placement.shard(per_worker, mesh))
 
 
+@pytest.mark.slow
 def test_gasloc_engine_on_8_devices_matches_one_device():
   """The whole engine: GASLoC on a ring, 3 rounds, worker axis on the mesh vs vmap."""
   mesh = _mesh8()

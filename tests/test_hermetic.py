@@ -18,6 +18,7 @@ def test_home_and_default_data_dir_are_temporary():
   assert data_lib.DataConfig().resolved_data_dir.startswith(home)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('where,fails', [('.cache/loco/tfds', True), ('.cache/other', False)])
 def test_guard_fails_the_run_that_touches_the_home_cache(pytester, where, fails):
   # The inner session's real home is this session's temporary one.
@@ -30,6 +31,7 @@ def test_guard_fails_the_run_that_touches_the_home_cache(pytester, where, fails)
   assert ('conftest guard' in result.stderr.str()) == fails
 
 
+@pytest.mark.slow
 def test_guard_does_not_fail_for_another_process_writing_the_home_cache(pytester):
   """A run in another terminal that writes ~/.cache/loco while the tests run (here a
   subprocess, which the audit hook of the test process does not see) is reported, not a

@@ -319,6 +319,7 @@ def _comparable(records):
   return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
 
 
+@pytest.mark.slow
 def test_a_nano_run_on_a_local_hf_dataset_and_tokenizer_resumes_exactly(
     nano_config, saved, tokenizer_json, hf_data_dir, tmp_path):
   c = nano_config
@@ -426,6 +427,7 @@ def _cli(args, block=''):
                         capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(tmp_path, tokenizer_json):
   args = ['--config=experiments/hf_fineweb_edu.py', f'--workdir={tmp_path / "w"}',
           f'--config.data.data_dir={tmp_path / "data"}']

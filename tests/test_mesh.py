@@ -215,6 +215,7 @@ def _groups(line: str) -> list[tuple[int, ...]]:
   return [tuple(g) for g in (ids.transpose(perm) if perm else ids).reshape(shape).tolist()]
 
 
+@pytest.mark.slow
 def test_a_workers_x_fsdp_step_shards_the_state_and_splits_the_traffic():
   """DiLoCo's sync step on 2 x 4 devices (4 workers, 2 per row): every device holds
   1/8 of the state; parameters are gathered and gradients reduced inside a row (the
@@ -260,6 +261,7 @@ def test_a_workers_x_fsdp_step_shards_the_state_and_splits_the_traffic():
   assert model_bytes / 4 <= outer <= model_bytes / 4 + 64, (outer, model_bytes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('per_tensor', [False, True])
 def test_large_models_draw_per_tensor_so_a_sharded_init_holds_less_than_a_model(
     per_tensor, monkeypatch):

@@ -41,6 +41,7 @@ def _jit_loss_and_grad(cfg):
       functools.partial(model_lib.loss_fn, cfg, graphdef), has_aux=True))
 
 
+@pytest.mark.slow
 def test_shapes_and_dtypes():
   graphdef, params = _init(NANO)
   logits = _jit_apply(NANO)(params, _tokens(NANO, (3, 16)))
@@ -136,6 +137,7 @@ def test_eval_shape_of_1b_preset_does_not_allocate():
   assert graphdef is not None
 
 
+@pytest.mark.slow
 def test_variants_run_with_finite_grads():
   # One config with every option off the default path: one compile.
   cfg = dataclasses.replace(NANO, mlp='swiglu', qk_norm=True,
@@ -174,6 +176,7 @@ def test_z_loss_adds_a_positive_term():
   np.testing.assert_allclose(aux1['z_loss'], expected, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('preset', ['nano', 'tiny'])
 def test_loss_at_init_is_about_log_vocab(preset):
   cfg = model_lib.model_config(preset)
@@ -183,6 +186,7 @@ def test_loss_at_init_is_about_log_vocab(preset):
   assert abs(float(aux['ce']) - math.log(cfg.vocab_size)) < 0.1, float(loss)
 
 
+@pytest.mark.slow
 def test_adamw_overfits_one_batch():
   graphdef, params = _init(NANO)
   batch = _tokens(NANO, (4, 33))
@@ -203,6 +207,7 @@ def test_adamw_overfits_one_batch():
   assert losses[-1] < losses[0] - 1.0, losses
 
 
+@pytest.mark.slow
 def test_vmap_over_workers_matches_per_worker_calls():
   graphdef, _ = _init(NANO)
   num_workers = 2
@@ -223,6 +228,7 @@ def test_vmap_over_workers_matches_per_worker_calls():
         grads_M, grads)
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_keeps_float32_params_and_logits():
   cfg = dataclasses.replace(NANO, dtype='bfloat16')
   graphdef, params = _init(cfg)

@@ -1,5 +1,6 @@
 """MuLoCo: DiLoCo with Muon inner steps, against a numpy replay of both."""
 
+import pytest
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,6 +45,7 @@ def _replay(w0, targets):
   return w
 
 
+@pytest.mark.slow
 def test_muloco_matches_numpy_replay_of_diloco_with_muon():
   key = jax.random.key(7)
   w0 = jax.random.normal(key, (6, 10))

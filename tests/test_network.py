@@ -362,6 +362,7 @@ def test_replay_with_unequal_speeds_runs_only_the_scheduled_outer_steps():
 # Through the train loop.
 
 
+@pytest.mark.slow
 def test_runs_report_simulated_time_and_resume_exactly(nano_config, tmp_path):
   nano_config.num_workers = 4
   nano_config.algorithm.name = 'diloco'
@@ -387,6 +388,7 @@ def test_runs_report_simulated_time_and_resume_exactly(nano_config, tmp_path):
   assert drop(read_metrics(resumed)) == drop(records)
 
 
+@pytest.mark.slow
 def test_async_gasloc_through_the_loop(nano_config, tmp_path):
   nano_config.num_workers = 4
   nano_config.algorithm.name = 'gasloc'

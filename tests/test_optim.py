@@ -25,6 +25,7 @@ def _params():
           'scale': jnp.ones((4,))}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', optim.INNER_OPTIMIZERS)
 def test_each_inner_optimizer_descends_a_quadratic(name):
   params = _params()
@@ -46,6 +47,7 @@ def test_each_inner_optimizer_descends_a_quadratic(name):
   assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params))
 
 
+@pytest.mark.slow
 def test_muon_orthogonalizes_a_matrix_and_gives_the_rest_the_adam_update():
   u, _ = np.linalg.qr(np.random.RandomState(0).randn(6, 6))
   v, _ = np.linalg.qr(np.random.RandomState(1).randn(4, 4))
@@ -106,6 +108,7 @@ def test_the_config_picks_the_inner_optimizer_or_the_algorithm_default(nano_conf
     del algorithms.REGISTRY['sign_ddp']
 
 
+@pytest.mark.slow
 def test_muon_sees_the_models_hidden_matrices_and_leaves_the_rest_to_adam():
   """On the real model: q, k and v are orthogonalized each alone, the attention output
   and the MLP as matrices; the embedding and the norm scales take the Adam update; the

@@ -108,6 +108,7 @@ def test_summarize_values_and_time_to_target(sweep_dir):
   assert given['ddp']['target'] == 2.15
 
 
+@pytest.mark.slow
 def test_write_report_table_plots_and_problem_runs(sweep_dir, tmp_path):
   stream = io.StringIO()
   path = report.write_report([sweep_dir], stream=stream)
@@ -156,6 +157,7 @@ def test_plot_runs_skips_sim_seconds_without_a_network(sweep_dir, tmp_path):
   assert report.plot_runs([os.path.join(sweep_dir, 'bad')], out) == []
 
 
+@pytest.mark.slow
 def test_cli_on_workdirs_with_a_given_target(sweep_dir, tmp_path):
   out = tmp_path / 'rep'
   proc = subprocess.run(

@@ -77,6 +77,7 @@ def _comms(workdir):
     return f.read()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('sampling', ['windows', 'stream'])
 def test_resume_restores_each_workers_own_position(nano_config, corpus_glob, tmp_path,
                                                    sampling):

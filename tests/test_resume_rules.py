@@ -111,6 +111,7 @@ def _applied_lr(workdir: str, step: int) -> float:
   return num / den
 
 
+@pytest.mark.slow
 def test_growing_steps_is_allowed_with_a_note_and_the_schedule_spans_the_new_length(
     base_run, config, tmp_path, capsys):
   workdir = _copy(base_run, tmp_path)
@@ -158,6 +159,7 @@ def test_fewer_steps_are_refused_in_one_line(base_run, config, tmp_path):
   assert open(os.path.join(workdir, 'config.json')).read() == stored
 
 
+@pytest.mark.slow
 def test_steps_between_the_checkpoint_and_the_stored_run_are_refused(interrupted_run, config,
                                                                    tmp_path):
   """Steps are compared with the stored run's, not the checkpoint's: resuming the
@@ -207,6 +209,7 @@ def test_an_execution_only_change_is_allowed(base_run, config, tmp_path, capsys,
   assert read_metrics(workdir) == before
 
 
+@pytest.mark.slow
 def test_growing_steps_of_an_async_run_is_refused(config, tmp_path):
   """Growing steps once replayed the longer run's event schedule from the shorter one's
   last tick (workers lost steps, sim_seconds ran backwards): it is refused in one line,
@@ -231,6 +234,7 @@ def test_growing_steps_of_an_async_run_is_refused(config, tmp_path):
   assert seconds == sorted(seconds)
 
 
+@pytest.mark.slow
 def test_a_run_from_before_data_sampling_resumes_only_on_the_stream(config, tmp_path):
   """A stored config without data.sampling was trained on the stream layout: the default
   ('windows') reads other batches, so the resume is refused in one line that names the

@@ -70,6 +70,7 @@ def _own(workdir):
   return {f'network.{k}': v for k, v in net.items() if v is not None}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', list(RUNS))
 def test_retiming_on_its_own_network_reproduces_the_run_exactly(runs, name):
   out = retime.retime(runs[name], _own(runs[name]), 'own')

@@ -51,6 +51,7 @@ def _batches(exp, seed):
       jnp.int32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', sorted(ALGORITHMS))
 def test_batched_runs_equal_their_solo_runs(small_corpus_glob, data_dir, name):
   exps = _experiments(small_corpus_glob, data_dir, name)

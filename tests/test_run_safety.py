@@ -70,6 +70,7 @@ def _error_lines(stderr: str) -> list[str]:
 
 # One run per workdir.
 
+@pytest.mark.slow
 def test_a_busy_workdir_is_refused_in_one_line(nano_config, tmp_path, small_corpus_glob,
                                                data_dir):
   workdir = str(tmp_path / 'run')
@@ -89,6 +90,7 @@ def test_a_busy_workdir_is_refused_in_one_line(nano_config, tmp_path, small_corp
 
 # Metrics rows and checkpoints.
 
+@pytest.mark.slow
 def test_each_row_is_on_disk_before_its_checkpoint_is_saved(nano_config, tmp_path,
                                                             monkeypatch):
   workdir = str(tmp_path / 'run')
@@ -123,6 +125,7 @@ def test_a_torn_last_line_is_dropped_on_resume_with_a_note(nano_config, tmp_path
   assert _comparable(read_metrics(crashed)) == _comparable(records)
 
 
+@pytest.mark.slow
 def test_trimming_metrics_on_resume_is_atomic(nano_config, tmp_path, monkeypatch):
   workdir = str(tmp_path / 'run')
   train.run(nano_config, workdir)
@@ -142,6 +145,7 @@ def test_trimming_metrics_on_resume_is_atomic(nano_config, tmp_path, monkeypatch
   assert written and open(os.path.join(workdir, 'metrics.jsonl')).read() == before
 
 
+@pytest.mark.slow
 def test_kill_between_row_and_checkpoint_commit_loses_nothing(nano_config, tmp_path):
   full = str(tmp_path / 'full')
   train.run(nano_config, full)
@@ -195,6 +199,7 @@ def test_steps_may_grow_and_say_so(nano_config, tmp_path, capsys):
   assert json.load(open(os.path.join(workdir, 'config.json')))['config']['steps'] == 20
 
 
+@pytest.mark.slow
 def test_steps_below_the_checkpoint_are_refused(nano_config, tmp_path):
   workdir = str(tmp_path / 'run')
   train.run(nano_config, workdir)
@@ -203,6 +208,7 @@ def test_steps_below_the_checkpoint_are_refused(nano_config, tmp_path):
     train.run(nano_config, workdir)
 
 
+@pytest.mark.slow
 def test_rerunning_a_finished_workdir_prints_its_summary(tmp_path, small_corpus_glob,
                                                          data_dir):
   config = _nano_file(tmp_path, small_corpus_glob, data_dir, steps=10)
@@ -217,6 +223,7 @@ def test_rerunning_a_finished_workdir_prints_its_summary(tmp_path, small_corpus_
   assert first.stdout.splitlines()[-len(summary):] == summary
 
 
+@pytest.mark.slow
 def test_an_incomplete_step_folder_is_not_a_finished_run(nano_config, tmp_path, capsys):
   """An empty checkpoints/20/ (an interrupted copy) once made a run trained to step 10
   read as finished at 20; now it is set aside with a note and the run trains on."""
@@ -283,6 +290,7 @@ def test_a_read_only_file_system_is_one_error(nano_config, tmp_path):
       train.run(nano_config, os.path.join(ro, 'run'))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('size,keep', [('3M', 1000), ('600k', 1)])
 def test_a_full_disk_stops_with_one_line_and_keeps_the_checkpoint(tmp_path,
                                                                   small_corpus_glob,
@@ -361,6 +369,7 @@ def test_ctrl_c_stops_cleanly_and_the_same_command_resumes(nano_config, tmp_path
   assert _comparable(read_metrics(workdir)) == _comparable(read_metrics(full))
 
 
+@pytest.mark.slow
 def test_a_swallowed_interrupt_still_stops_the_loop(nano_config, tmp_path):
   """The signal handler also sets train.STOP: a KeyboardInterrupt that a library caught
   (a CI run once trained on for 20 minutes after Ctrl-C) still stops the next chunk."""
@@ -552,6 +561,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_at_one_step(tmp_path, small_
   assert checkpoint_lib.committed_steps(os.path.join(workdir, 'checkpoints')) == [step]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('when', ['training', 'starting'])
 def test_sigint_to_the_cli_prints_one_line(tmp_path, small_corpus_glob, data_dir, when):
   """Ctrl-C after 3 rows, or half a second after the start (imports, config, init):
@@ -602,6 +612,7 @@ def _sabotaged(value: float, from_step: int):
   return factory
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('value,why', [
     (float('nan'), 'the training loss became nan at step 14'),
     (0.0, 'the training loss rose to 5.549 at step 14, no better than uniform guessing'),
@@ -627,6 +638,7 @@ def test_divergence_is_recorded_and_keeps_the_good_checkpoint(nano_config, tmp_p
     train.run(nano_config, workdir)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_with_a_non_finite_model_is_never_written_nor_resumed(
     nano_config, tmp_path, monkeypatch):
   """The params turn NaN at step 10, a checkpoint step: the save is refused (the run is
@@ -681,6 +693,7 @@ def test_a_bad_algorithm_leaves_no_workdir(nano_config, tmp_path):
   assert not workdir.exists()
 
 
+@pytest.mark.slow
 def test_a_data_error_leaves_no_workdir(nano_config, tmp_path):
   nano_config.data.text_glob = str(tmp_path / 'nothing' / '*.txt')
   workdir = tmp_path / 'run'
@@ -691,6 +704,7 @@ def test_a_data_error_leaves_no_workdir(nano_config, tmp_path):
 
 # Checkpoint layout.
 
+@pytest.mark.slow
 def test_checkpoints_are_named_and_readable_with_orbax_alone(nano_config, tmp_path):
   nano_config.algorithm.name = 'diloco'
   nano_config.algorithm.sync_every = 3
@@ -711,6 +725,7 @@ def test_checkpoints_are_named_and_readable_with_orbax_alone(nano_config, tmp_pa
   assert restored['data']['workers'] and restored['host']['tokens'] == 20 * 2 * 2 * 32
 
 
+@pytest.mark.slow
 def test_chunks_are_padded_not_recompiled(nano_config, tmp_path):
   # 23 steps in chunks of 5: the last chunk (3 steps) is padded and masked.
   nano_config.steps = 23

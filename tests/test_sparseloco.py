@@ -37,6 +37,7 @@ def _run(alg, params, x, loss):
   return state, infos
 
 
+@pytest.mark.slow
 def test_full_density_unquantized_equals_error_feedback_outer_sgd():
   """k = chunk size and no quantization == EF(identity) + all-reduce + SGD(1)."""
   params, x, loss = _toy()
@@ -98,6 +99,7 @@ def _reference_outer(deltas, residuals, beta, topk, lr=1.0):
   return update, new_res
 
 
+@pytest.mark.slow
 def test_outer_step_matches_the_reference_code():
   """Two outer steps of 3 workers against a numpy port of the official code."""
   m, beta, topk = 3, 0.95, 128
@@ -177,6 +179,7 @@ def test_contributors_versus_workers_division():
     np.testing.assert_array_equal(state.received, 16.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('divide', ['contributors', 'workers'])
 @pytest.mark.parametrize('alive', [None, [True, False, True, True]])
 def test_gathering_only_the_sent_coordinates_equals_the_dense_reduction(divide, alive):
@@ -209,6 +212,7 @@ def test_dead_workers_are_left_out_of_the_all_gather():
   np.testing.assert_array_equal(state.events, [1, 1, 1])
 
 
+@pytest.mark.slow
 def test_diloco_with_compressed_pseudo_gradients():
   params = {'a': jnp.zeros((10, 7)), 'b': jnp.zeros((3,))}         # 73 values, 2 tensors
   m = 5

@@ -62,6 +62,7 @@ def _replay(params, targets, masks, sync_every=None, outer_lr=0.7, mu=0.9):
   return theta
 
 
+@pytest.mark.slow
 def test_sparta_matches_numpy_replay():
   params, targets = _problem()
   state, _ = _run(sparta(optax.sgd(LR), fraction=P), params, targets, STEPS)

@@ -36,6 +36,7 @@ def _per_worker_grads(params_MxP, scale=(1.0, -2.0, 0.5)):
                       params_MxP)
 
 
+@pytest.mark.slow
 def test_one_fragment_no_overlap_alpha0_equals_diloco():
   """Oracle: P 1, tau 0, alpha 0, no quantization is DiLoCo, step for step."""
   params = _blocks_tree(num_blocks=2)
@@ -177,6 +178,7 @@ def test_eager_without_overlap_equals_the_plain_merge():
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_runs_in_the_train_chunk_on_the_model():
   cfg = model_lib.model_config('nano', vocab_size=64, max_seq_len=16)
   graphdef, params = model_lib.init_params(cfg, jax.random.PRNGKey(0))

@@ -302,6 +302,7 @@ def _study_cost(*args):
                         text=True, timeout=120, cwd=__file__.rsplit('/tests/', 1)[0])
 
 
+@pytest.mark.slow
 def test_the_cost_script_prints_units_and_answers_bad_input_in_one_line(tmp_path):
   d = tmp_path / 'final' / 'a'
   d.mkdir(parents=True)

@@ -400,6 +400,7 @@ def test_a_sweep_re_times_its_finished_synchronous_runs_once(tmp_path, nano_file
   assert not os.path.exists(tmp_path / 'other')
 
 
+@pytest.mark.slow
 def test_batch_runs_trains_compatible_runs_in_one_process(tmp_path, nano_file):
   out = str(tmp_path / 'sweep')
   spec = _spec(tmp_path, f"[Run('a', {nano_file!r}), Run('b', {nano_file!r}, {{'seed': 1}}), "
@@ -469,6 +470,7 @@ def test_a_sweep_of_seeds_trains_them_in_one_batch_reports_them_and_shows_progre
       ['skip', 'a/seed=0'], ['skip', 'a/seed=1'], ['start', 'a/seed=2']]
 
 
+@pytest.mark.slow
 def test_failed_runs_rerun_only_with_retry_failed_or_a_changed_command(tmp_path, nano_file):
   out = str(tmp_path / 'sweep')
   spec = _spec(tmp_path, f"[Run('bad', {nano_file!r}, {{'optimizer.lr': -1.0}}), "
@@ -495,6 +497,7 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_main_distributed_initializes_and_trains(tmp_path, nano_file):
   """`--distributed` with an explicit coordinator: one process of one, a short run."""
   out = subprocess.run(

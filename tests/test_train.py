@@ -26,6 +26,7 @@ def _comparable(records):
   return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
 
 
+@pytest.mark.slow
 def test_run_writes_outputs_and_resumes_exactly(nano_config, tmp_path, capsys):
   nano_config.algorithm.name = 'diloco'
   nano_config.algorithm.sync_every = 3
@@ -123,6 +124,7 @@ def test_every_algorithm_trains_through_the_loop(nano_config, tmp_path, name):
   assert record['syncs'] > 0 and record['bytes_sent'] > 0
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_is_a_clear_error(nano_config, tmp_path):
   workdir = str(tmp_path / 'run')
   train.run(nano_config, workdir)
@@ -154,6 +156,7 @@ def test_bad_config_values(nano_config, tmp_path, key, value, match):
     train.run(nano_config, str(tmp_path / 'run'))
 
 
+@pytest.mark.slow
 def test_missing_data_dir_is_a_clear_error(nano_config, tmp_path):
   nano_config.data.source = 'tfds'
   nano_config.data.tfds_name = 'c4/en:3.1.0'
@@ -168,6 +171,7 @@ def _cli(*args, cwd=REPO):
                         capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_cli_unknown_key_and_bad_value_fail_in_one_line(tmp_path):
   out = _cli('--config=experiments/tiny_ddp.py', f'--workdir={tmp_path}',
              '--config.optimizr.lr=1')
@@ -224,6 +228,7 @@ def _source_run(nano_config, path):
   return checkpoint.read_named_state(path)[1]
 
 
+@pytest.mark.slow
 def test_a_warm_start_begins_every_worker_at_the_sources_mean_model(nano_config, tmp_path):
   source = str(tmp_path / 'source')
   saved = _source_run(nano_config.copy_and_resolve_references(), source)
@@ -267,6 +272,7 @@ def test_a_warm_start_begins_every_worker_at_the_sources_mean_model(nano_config,
   assert read_metrics(warm)[0]['train_loss'] < read_metrics(cold)[0]['train_loss'] - 0.05
 
 
+@pytest.mark.slow
 def test_a_warm_start_from_ddp_carries_its_inner_optimizer_into_diloco(nano_config, tmp_path):
   """DDP's inner state is (its gradient all-reduce's, AdamW's): DiLoCo carries AdamW's."""
   source = str(tmp_path / 'ddp')
@@ -286,6 +292,7 @@ def test_a_warm_start_from_ddp_carries_its_inner_optimizer_into_diloco(nano_conf
   assert int(np.asarray(adam.count)[0]) == 5
 
 
+@pytest.mark.slow
 def test_warm_start_errors_are_one_line_and_leave_no_workdir(nano_config, tmp_path):
   source = str(tmp_path / 'source')
   _source_run(nano_config.copy_and_resolve_references(), source)
