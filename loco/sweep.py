@@ -672,12 +672,18 @@ def _status(workdir: str) -> dict[str, Any]:
     return dict(state='unreadable', error=str(e))
 
 
+# A run stopped by SIGTERM finishes its chunk in flight and saves a checkpoint at that
+# step (loco.train): seconds to a minute on CPU. Killed sooner, the save is abandoned
+# (the previous checkpoint is kept, but the steps since are lost).
+STOP_GRACE_SECONDS = 90
+
+
 def _terminate(proc: subprocess.Popen) -> None:
   if proc.poll() is not None:
     return
   proc.terminate()
   try:
-    proc.wait(timeout=15)
+    proc.wait(timeout=STOP_GRACE_SECONDS)
   except subprocess.TimeoutExpired:
     proc.kill()
     proc.wait()
