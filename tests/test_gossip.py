@@ -22,6 +22,7 @@ from loco import topology as topology_lib
 from loco import wire as wire_lib
 from loco import axis, placement
 from loco.errors import ConfigError
+from tests import hlo as hlo_lib
 
 
 def _run(transform, updates, params=None, *, alive=None, mixing=None, key=0):
@@ -506,15 +507,9 @@ class MixingOperatorTest(chex.TestCase):
 
 # --- Placement: the same per-worker code on 8 devices. ------------------------
 
-_COLLECTIVE = re.compile(r' = (.+?) (collective-permute|all-gather|all-reduce|'
-                         r'reduce-scatter|all-to-all)(?:-start)?\(')
-
-
 def _float_collectives(jitted, *args) -> set[str]:
   """The kinds of collective that move floating-point data in the compiled program."""
-  text = jitted.lower(*args).compile().as_text()
-  return {kind for shape, kind in _COLLECTIVE.findall(text)
-          if re.search(r'\b(f16|bf16|f32|f64)\[', shape)}
+  return hlo_lib.float_kinds(jitted.lower(*args).compile().as_text())
 
 
 def _mesh8():

@@ -12,9 +12,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from loco import algorithms
 from loco import axis
+from tests import hlo as hlo_lib
 
-COLLECTIVE = re.compile(r'(collective-permute|all-gather|all-reduce|reduce-scatter|'
-                        r'all-to-all)(?:-start)?\(')
 
 
 def _two_level(fn, m, d, n=5):
@@ -45,7 +44,7 @@ def test_ppermute_of_workers_across_blocks(m, d, perm):
   pairs = perm(m)
   want, got, hlo = _two_level(lambda v: axis.ppermute(v, 'workers', pairs), m, d)
   np.testing.assert_array_equal(got, want)
-  assert set(COLLECTIVE.findall(hlo)) == {'collective-permute'}
+  assert hlo_lib.kinds(hlo) == {'collective-permute'}
 
 
 def test_a_ring_moves_only_the_boundary_rows_between_devices():
@@ -61,30 +60,14 @@ def test_a_ring_moves_only_the_boundary_rows_between_devices():
 def test_psum_all_gather_and_index_across_blocks(m, d):
   want, got, hlo = _two_level(lambda v: axis.psum(v), m, d)
   np.testing.assert_array_equal(got, want)
-  assert set(COLLECTIVE.findall(hlo)) == {'all-reduce'}
+  assert hlo_lib.kinds(hlo) == {'all-reduce'}
   fn = lambda v: axis.all_gather(v).sum(0) * 0 + axis.all_gather(v)[3] + axis.axis_index()
   want, got, hlo = _two_level(fn, m, d)
   np.testing.assert_array_equal(got, want)
-  assert set(COLLECTIVE.findall(hlo)) == {'all-gather'}
+  assert hlo_lib.kinds(hlo) == {'all-gather'}
 
 
 # Every algorithm's step on an 8-device mesh: what the compiled program sends.
-
-_OP = re.compile(r'=\s*(\(?[^=]*?\)?)\s+(collective-permute|all-gather|all-reduce|'
-                 r'reduce-scatter|all-to-all)(?:-start)?\(')
-_SHAPE = re.compile(r'(f32|bf16|f16|s32|u32|pred|s8|u8)\[([\d,]*)\]')
-_BYTES = {'f32': 4, 's32': 4, 'u32': 4, 'bf16': 2, 'f16': 2, 'pred': 1, 's8': 1, 'u8': 1}
-
-
-def collectives(hlo: str) -> list[tuple[str, int]]:
-  """(kind, result bytes) of each collective in an optimized HLO module."""
-  out = []
-  for shapes, kind in _OP.findall(re.sub(r'/\*.*?\*/', '', hlo)):
-    size = sum(_BYTES[t] * int(np.prod([int(d) for d in dims.split(',') if d] or [1]))
-               for t, dims in _SHAPE.findall(shapes))
-    out.append((kind, size))
-  return out
-
 
 # case -> (registry name, keys, the collective that carries the model): every registry
 # entry's example and its variants (`<name>_<variant>`), from the registry.
@@ -117,7 +100,7 @@ def _compiled(name, m=8, overrides=()):
 def _traffic(hlo: str) -> dict[str, int]:
   """Bytes per collective kind in the program, data only (operands over 64 bytes)."""
   totals: dict[str, int] = {}
-  for kind, size in collectives(hlo):
+  for kind, size in hlo_lib.collectives(hlo):
     if size > 64:
       totals[kind] = totals.get(kind, 0) + size
   return totals
@@ -177,7 +160,7 @@ def test_sparseloco_gathers_only_its_top_k_payload():
   capacity = compress.topk_chunks(64, 4096, 0).select(leaves, None)[0].capacity
   gathered = [k for k, x in zip(capacity, leaves) if 2 * k < x.size]   # the rest: psum
   kept = sum(gathered)
-  every_gather = sum(size for kind, size in collectives(hlo) if kind == 'all-gather')
+  every_gather = sum(size for kind, size in hlo_lib.collectives(hlo) if kind == 'all-gather')
   # 8 workers x (int32 index + float32 value per kept value, + the int32 count sent per
   # tensor), + the bool alive flags.
   assert every_gather == 8 * (8 * kept + 4 * len(gathered)) + 8, (every_gather, kept)
@@ -247,7 +230,7 @@ def test_a_workers_x_fsdp_step_shards_the_state_and_splits_the_traffic():
   rows, columns = {(0, 1, 2, 3), (4, 5, 6, 7)}, {(0, 4), (1, 5), (2, 6), (3, 7)}
   by_groups: dict[tuple[str, str], int] = {}
   for line in compiled.as_text().splitlines():
-    for (kind, size) in collectives(line):
+    for (kind, size) in hlo_lib.collectives(line):
       if size > 64:
         groups = set(_groups(line))
         where = 'fsdp' if groups == rows else 'workers' if groups == columns else str(groups)

@@ -2,7 +2,6 @@
 
 import functools
 import math
-import re
 
 from absl.testing import parameterized
 import chex
@@ -17,6 +16,7 @@ import pytest
 
 from loco import topology
 from loco.errors import ConfigError
+from tests import hlo as hlo_lib
 
 # (name, M, kwargs): every family over a range of sizes, including the
 # degenerate ones (M = 1, 2-wide tori, coinciding exponential neighbours).
@@ -511,10 +511,6 @@ class PlanUnderVmapTest(chex.TestCase):
 
 # --- The plans on 8 devices: one worker per device, ppermute as a real collective.
 
-_COLLECTIVE = re.compile(r' = (.+?) (collective-permute|all-gather|all-reduce|'
-                         r'reduce-scatter|all-to-all)(?:-start)?\(')
-
-
 def _mesh8() -> Mesh:
   assert len(jax.devices()) >= 8, 'tests/conftest.py gives JAX 8 CPU devices'
   return Mesh(np.array(jax.devices()[:8]), ('w',),
@@ -544,6 +540,5 @@ def test_plans_run_as_collective_permutes_on_8_devices(case):
     chex.assert_trees_all_close(
         out, jnp.asarray(topo.weights_for(choice) @ x, jnp.float32), atol=1e-5)
     assert {s.data.shape for s in out.addressable_shards} == {(1, 5)}
-  kinds = {kind for _, kind in _COLLECTIVE.findall(
-      step.lower(x_on_mesh, jnp.int32(0)).compile().as_text())}
+  kinds = hlo_lib.kinds(step.lower(x_on_mesh, jnp.int32(0)).compile().as_text())
   assert kinds == {'collective-permute'}, kinds
