@@ -29,6 +29,7 @@ from loco import experiment as experiment_lib
 from loco import ledger as ledger_lib
 from loco import step as step_lib
 from loco import workdir as workdir_lib
+from loco.configs import default as default_config
 from loco.checkpoint import Checkpointer
 from loco.engine import Algorithm
 from loco.errors import DivergenceError, Interrupted, WorkdirError
@@ -260,7 +261,8 @@ def _resumable_from(wd: workdir_lib.Workdir, config, checkpointer: Checkpointer,
   """The step to resume from (0 for a new run), once the config allows resuming."""
   start = checkpointer.latest_step() or 0
   if start:
-    for message in wd.check_resume(config.to_dict(), start):
+    for message in wd.check_resume(config.to_dict(), start,
+                                   default_config.get_config().to_dict()):
       note(message)
     if start > total:
       raise WorkdirError(f'the checkpoint in {wd.path} is at step {start}, past this '

@@ -154,14 +154,20 @@ class Workdir:
       return {}
     return records[-1] if records else {}
 
-  def check_resume(self, config: dict[str, Any], checkpoint_step: int) -> list[str]:
-    """Raises WorkdirError unless `config` may resume the stored run; returns notes."""
+  def check_resume(self, config: dict[str, Any], checkpoint_step: int,
+                   defaults: dict[str, Any] | None = None) -> list[str]:
+    """Raises WorkdirError unless `config` may resume the stored run; returns notes.
+
+    `defaults` (the base config, nested like `config`): a key the stored run lacks (it
+    was added to loco after the run began) that holds its default now is the same run,
+    as a key added with its default must keep what runs did before it existed."""
     stored = (read_json(self.file(CONFIG)) or {}).get('config')
     if stored is None:
       return [f'{self.file(CONFIG)} is missing; resuming the checkpoint at step '
               f'{checkpoint_step} with this config.']
     # Compare through JSON, as the stored config was written.
     old, new = flatten(stored), flatten(json.loads(json.dumps(config, default=str)))
+    default = flatten(json.loads(json.dumps(defaults or {}, default=str)))
     # Asynchronous runs made before network.overlap existed used the blocking replay:
     # they resume with overlap='none' (the key's default, 'compute', is another run).
     before_overlap = old.get('network.mode') == 'async' and 'network.overlap' not in old
@@ -180,6 +186,7 @@ class Workdir:
     changed = [k for k in sorted(set(old) | set(new))
                if k != 'steps' and not _may_change(k) and old.get(k) != new.get(k)
                and not (k not in old and new.get(k) is None)
+               and not (k not in old and k in default and new.get(k) == default[k])
                and not (k == 'network.overlap' and before_overlap)
                and not (k in _SAMPLING_KEYS and before_sampling)]
     if changed:

@@ -43,6 +43,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -208,12 +209,21 @@ def loaded_config(record: Record, repo: str = REPO) -> dict[str, Any]:
   return _flat(json.loads(json.dumps(config.to_dict())))
 
 
+@functools.cache
+def _default_config() -> dict[str, Any]:
+  from loco.configs import default
+  return _flat(json.loads(json.dumps(default.get_config().to_dict())))
+
+
 def config_differences(before: Mapping[str, Any], now: Mapping[str, Any],
                        labels: tuple[str, str] = ('then', 'now')) -> str:
   """'key: A then, B now; ...' for the first keys whose values differ (a missing key is
-  None); '' if none do."""
+  None); '' if none do. A key missing before that holds its default now was added to
+  loco since, with the behaviour runs had before it (as `Workdir.check_resume` reads it)."""
+  defaults = _default_config()
   diff = [f'{k}: {json.dumps(before.get(k))} {labels[0]}, {json.dumps(now.get(k))} {labels[1]}'
-          for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)]
+          for k in sorted(set(before) | set(now)) if before.get(k) != now.get(k)
+          and not (k not in before and k in defaults and now.get(k) == defaults[k])]
   return '; '.join(diff[:3]) + ('; ...' if len(diff) > 3 else '')
 
 

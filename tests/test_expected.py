@@ -436,3 +436,11 @@ def test_run_measures_each_records_command_and_harvests_it(tmp_path, monkeypatch
   assert script.main(argv) == 0
   assert re.search(r'^skip +nano', capsys.readouterr().out, re.M)
   assert script.read_expected(str(path))['nano'] == entry
+
+
+def test_a_key_added_since_at_its_default_is_no_difference():
+  assert script.config_differences({'steps': 300}, {'steps': 300,
+                                                    'data.hf_eval_fraction': 0.05}) == ''
+  assert script.config_differences({'steps': 300}, {'steps': 300,
+                                                    'data.hf_eval_fraction': 0.1}) == (
+      'data.hf_eval_fraction: null then, 0.1 now')

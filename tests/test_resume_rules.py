@@ -272,3 +272,25 @@ def test_a_run_from_before_data_sampling_resumes_only_on_the_stream(config, tmp_
   strip = lambda rs: [{k: v for k, v in r.items()                          # noqa: E731
                        if k not in ('tokens_per_second', 'wall_seconds')} for r in rs]
   assert strip(read_metrics(old)) == strip(read_metrics(whole))
+
+
+def test_a_key_added_to_loco_after_the_run_began_resumes_at_its_default(tmp_path):
+  """A stored config without a key that loco added later (here the Hugging Face source's
+  data.hf_eval_fraction, default 0.05, and data.hf_streaming, default False): at its
+  default the resume is the same run; at another value it is refused, naming the key."""
+  from loco import workdir as workdir_lib
+  from loco.configs import default
+  base = default.get_config().to_dict()
+  stored = json.loads(json.dumps(base))
+  for key in ('hf_eval_fraction', 'hf_streaming'):
+    del stored['data'][key]
+  os.makedirs(tmp_path / 'run')
+  workdir_lib.write_json(str(tmp_path / 'run' / 'config.json'), {'config': stored})
+  wd = workdir_lib.Workdir(str(tmp_path / 'run'), lock=False)
+  assert wd.check_resume(json.loads(json.dumps(base)), 10, base) == []
+  changed = json.loads(json.dumps(base))
+  changed['data']['hf_eval_fraction'] = 0.1
+  with pytest.raises(WorkdirError, match=r'data.hf_eval_fraction \(None -> 0.1\)'):
+    wd.check_resume(changed, 10, base)
+  with pytest.raises(WorkdirError, match='data.hf_eval_fraction'):   # no defaults: strict
+    wd.check_resume(json.loads(json.dumps(base)), 10)
