@@ -60,6 +60,14 @@ def finite_float(text: str) -> float:
   return value
 
 
+def non_negative_float(text: str) -> float:
+  """An argparse type: a finite number >= 0."""
+  value = finite_float(text)
+  if value < 0:
+    raise argparse.ArgumentTypeError(f'{text!r} must be >= 0')
+  return value
+
+
 def positive_float(text: str) -> float:
   """An argparse type: a finite number > 0."""
   value = finite_float(text)

@@ -47,18 +47,18 @@ class Tracker:
 
   def fraction(self, row: Mapping[str, Any]) -> float | None:
     tokens, step = row.get('tokens'), row.get('step')
-    if self.total_tokens and _is_number(tokens):
+    if self.total_tokens and runs_lib.is_number(tokens):
       return min(1.0, tokens / self.total_tokens)
-    if self.total_steps and _is_number(step):
+    if self.total_steps and runs_lib.is_number(step):
       return min(1.0, step / self.total_steps)
     return None
 
   def add(self, row: Mapping[str, Any], now: float) -> None:
     """Takes the next metrics row, seen at time `now`."""
-    if not _is_number(row.get('step')):
+    if not runs_lib.is_number(row.get('step')):
       return
     self.row = dict(row)
-    if _is_number(row.get('eval_loss')):
+    if runs_lib.is_number(row.get('eval_loss')):
       self.eval_loss = float(row['eval_loss'])
     f = self.fraction(row)
     if f is None:
@@ -80,7 +80,7 @@ class Tracker:
       left = (t1 - t0) / (f1 - f0) * (1.0 - f1)
     else:
       rate, tokens, step = (self.row.get(k) for k in ('tokens_per_second', 'tokens', 'step'))
-      if not (_is_number(rate) and rate > 0 and _is_number(tokens)):
+      if not (runs_lib.is_number(rate) and rate > 0 and runs_lib.is_number(tokens)):
         return math.nan
       if self.total_tokens:
         left = (self.total_tokens - tokens) / rate
@@ -102,17 +102,13 @@ class Tracker:
     else:
       where = f'step {step}/{self.total_steps}' if self.total_steps else f'step {step}'
     parts = [where]
-    if _is_number(self.row.get('train_loss')):
+    if runs_lib.is_number(self.row.get('train_loss')):
       parts.append(f'loss {self.row["train_loss"]:.3f}')
     if self.eval_loss is not None:
       parts.append(f'eval {self.eval_loss:.3f}')
     eta = self.eta(now)
     parts.append(f'eta {duration(round(eta) if math.isfinite(eta) else eta)}')
     return '  '.join(parts)
-
-
-def _is_number(x: Any) -> bool:
-  return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 class Follower:

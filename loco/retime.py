@@ -188,7 +188,8 @@ def retime(workdir: str, overrides: Mapping[str, Any], name: str | None = None) 
   retimed = [{**r, **clocks[r['step']]} for r in rows]
   record = dict(stored, config={**run, 'network': section}, retimed_from=dict(
       workdir=os.path.abspath(workdir), network=own, step=max(steps),
-      overrides=json.loads(json.dumps(dict(overrides))), step_time=step_time))
+      overrides=json.loads(json.dumps(dict(overrides))), step_time=step_time,
+      compute=origin))
   os.makedirs(out, exist_ok=True)
   write_jsonl(os.path.join(out, runs.METRICS), retimed)
   # The config last: `is_current` reads it, so a crash in between redoes the re-timing.
@@ -247,9 +248,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir, overrides, name = _parse_args(args)
     out = retime(workdir, overrides, name)
     before, after = runs.read_metrics(workdir).rows[-1], runs.read_metrics(out).rows[-1]
-    step_time = runs.read_config(out)['retimed_from']['step_time']
-    kept = [k for k, v in keep_compute({}, runs.read_config(workdir)['config'].get('network')
-                                       or {}, overrides).items() if v != 'as named'
+    source = runs.read_config(out)['retimed_from']
+    step_time = source['step_time']
+    kept = [k for k, v in source['compute'].items() if v != 'as named'
             and k not in ('step_seconds', 'device_flops', 'mfu')]
     print(f'step time {step_time["seconds"]:.4g} s per inner step: {step_time["source"]}'
           + (f"; the run's {', '.join('network.' + k for k in kept)} kept" if kept else ''))

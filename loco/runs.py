@@ -73,7 +73,8 @@ _BYTES_RTOL = 1e-6
 _COMMIT_MARKERS = ('commit_success.txt', '_CHECKPOINT_METADATA')
 
 
-def _is_number(x: Any) -> bool:
+def is_number(x: Any) -> bool:
+  """A JSON number (int or float, not a bool)."""
   return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
@@ -152,7 +153,7 @@ def read_json_object(path: str) -> dict[str, Any] | None:
 # ---- typed fields: a JSON object a command reads back, checked key by key --------------
 
 def _is_finite(v: Any) -> bool:
-  return _is_number(v) and math.isfinite(v)
+  return is_number(v) and math.isfinite(v)
 
 
 # What a field may hold: a name for the message and a test.
@@ -246,7 +247,7 @@ def read_status(workdir: str) -> dict[str, Any] | None:
   _check(path, command is None or (isinstance(command, list)
                                    and all(isinstance(c, str) for c in command)),
          'command is not a list of strings')
-  _check(path, status.get('seconds') is None or _is_number(status['seconds']),
+  _check(path, status.get('seconds') is None or is_number(status['seconds']),
          f"seconds is {status.get('seconds')!r}, not a number")
   _check(path, status.get('attempts') is None or _is_int(status['attempts']),
          f"attempts is {status.get('attempts')!r}, not a whole number")
@@ -374,7 +375,7 @@ def read_metrics(workdir: str) -> Metrics:
       raise RunFileError(f'{where}: step {step} does not follow step {rows[-1]["step"]} '
                          'of the line before (steps must increase).')
     for key in NUMBER_KEYS:
-      if key in row and not _is_number(row[key]):
+      if key in row and not is_number(row[key]):
         raise RunFileError(f'{where}: {key} is {row[key]!r}, not a number.')
     rows.append(row)
   return Metrics(rows, note)
@@ -397,8 +398,8 @@ def _check_record(where: str, row: Any, m: int) -> None:
   need(_is_int(row.get('step')) and row['step'] >= 1,
        f'step is {row.get("step")!r}, not a whole number >= 1')
   for key, ok in (('kind', lambda x: _is_int(x) and 0 <= x < NUM_KINDS),
-                  ('sent', lambda x: _is_number(x) and math.isfinite(x) and x >= 0),
-                  ('payload', lambda x: _is_number(x) and math.isfinite(x) and x >= 0),
+                  ('sent', lambda x: is_number(x) and math.isfinite(x) and x >= 0),
+                  ('payload', lambda x: is_number(x) and math.isfinite(x) and x >= 0),
                   ('peers', lambda x: isinstance(x, list) and all(
                       _is_int(j) and 0 <= j < m for j in x))):
     value = row.get(key)
@@ -416,7 +417,7 @@ def _check_record(where: str, row: Any, m: int) -> None:
   if 'received' in row:
     value = row['received']
     need(isinstance(value, list) and len(value) == m and all(
-        _is_number(x) and math.isfinite(x) and x >= 0 for x in value),
+        is_number(x) and math.isfinite(x) and x >= 0 for x in value),
          f'received must be a list of {m} finite numbers >= 0')
 
 

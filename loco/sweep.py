@@ -51,7 +51,6 @@ to each other in the sweep, so `--seeds=N --batch_runs=N` trains each run's seed
 program.
 """
 
-import argparse
 import collections
 import dataclasses
 import datetime
@@ -722,14 +721,6 @@ def _summary(runs, results, seconds, out, say) -> None:
     say(f'  {state:<20} {r.name:<{width}}  {detail or ""}'.rstrip())
 
 
-def _seconds(text: str) -> float:
-  """An argparse type: a number of seconds >= 0."""
-  value = cli.finite_float(text)
-  if value < 0:
-    raise argparse.ArgumentTypeError(f'{text!r} must be >= 0')
-  return value
-
-
 def main(argv: Sequence[str] | None = None) -> int:
   parser = cli.Parser(prog='python -m loco.sweep', description=__doc__.split('\n\n')[0])
   parser.add_argument('spec', help='sweep spec file defining get_sweep()')
@@ -744,7 +735,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('--seeds', type=cli.positive_int, default=None, metavar='N',
                       help='run every run of the spec with seeds 0 .. N-1, as NAME/seed=K '
                       '(the spec must not set seed itself)')
-  parser.add_argument('--progress_every', type=_seconds, default=PROGRESS_EVERY,
+  parser.add_argument('--progress_every', type=cli.non_negative_float, default=PROGRESS_EVERY,
                       metavar='S', help='off a terminal, a progress line per running run '
                       f'every S seconds (default {PROGRESS_EVERY:g}; 0: none); on a '
                       'terminal the lines update in place')
