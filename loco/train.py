@@ -1,20 +1,23 @@
-"""The training loop: `run(config, workdir)`, its set-up, and how it stops or fails.
+"""The training loop: one loop for one run (`run`, loco.main) or R runs of one shape
+trained as one program (`run_many`, loco.batched), its set-up, and how it stops or fails.
 
 The concepts it puts together live in their own modules: the config boundary
-(`loco.experiment`), the jitted program (`loco.step`), where arrays live
-(`loco.placement`), the host's accounting per chunk (`loco.ledger`), evaluation
-(`loco.evaluate`) and checkpoints (`loco.checkpoint`). The metrics of a chunk are
-fetched after the next chunk is dispatched, except at checkpoints, where the chunk's
+(`loco.experiment`), the jitted program (`loco.step`; over a run axis, `loco.run_axis`),
+where arrays live (`loco.placement`), the host's accounting per chunk (`loco.ledger`),
+evaluation (`loco.evaluate`) and checkpoints (`loco.checkpoint`). The metrics of a chunk
+are fetched after the next chunk is dispatched, except at checkpoints, where the chunk's
 losses are checked finite before the state is written. A stop (SIGTERM, Ctrl-C: STOP)
 is taken at a chunk boundary, as a checkpoint is, so that a preemption loses no step.
 """
 
+import contextlib
+import dataclasses
 import functools
 import os
 import sys
 import threading
 import time
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn, Sequence
 
 import jax
 from jax.experimental import multihost_utils
@@ -32,7 +35,7 @@ from loco import workdir as workdir_lib
 from loco.configs import default as default_config
 from loco.checkpoint import Checkpointer
 from loco.engine import Algorithm
-from loco.errors import DivergenceError, Interrupted, WorkdirError
+from loco.errors import DivergenceError, Interrupted, LocoError, UsageError, WorkdirError
 from loco.experiment import Experiment
 from loco.metrics import MetricsWriter, ProgressBar, make_sinks
 from loco.placement import Placement
@@ -57,7 +60,6 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
       restore, compile, first_chunk).
   """
   clock = _Phases(timings)
-  abandoned = False
   exp = experiment_lib.parse_config(config)
   r = exp.run
   placement = Placement.make(r.mesh_workers, r.num_workers, r.mesh_fsdp, r.batch_per_worker)
@@ -65,29 +67,114 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   clock.lap('config')
   is_main = jax.process_index() == 0
   with workdir_lib.Workdir(workdir, lock=is_main) as wd:
-    checkpointer = None
+    one = _Run(config, exp, workdir, note=_note if is_main else _silent, wd=wd,
+               algorithm=algorithm)
     try:
-      checkpointer = Checkpointer(wd.file('checkpoints'), r.checkpoint_keep,
-                                  note=_note if is_main else None)
-      return _train(wd, config, exp, algorithm, placement, checkpointer, is_main, clock)
+      one.checkpointer = Checkpointer(wd.file('checkpoints'), r.checkpoint_keep,
+                                      note=one.note)
+      _plan(one)
+      if one.state == 'finished':
+        return wd.last_record()
+      _train([one], placement, clock, _Screen.one(one, is_main), is_main)
+      if one.state == 'diverged':
+        raise one.error
+      return one.record
     except OSError as e:
-      raise WorkdirError(f'{_os_error(e)}; {_kept(checkpointer, wd.path)}: fix it and '
+      raise WorkdirError(f'{_os_error(e)}; {_kept(one.checkpointer, wd.path)}: fix it and '
                          'the same command resumes.') from e
     except KeyboardInterrupt:
       if clock.stopping:   # a second signal while stopping: abandon the save in flight
-        abandoned = True
+        clock.abandoned = True
         what = (f'while saving step {clock.saving}; that save was abandoned'
                 if clock.saving is not None else f'after step {clock.step}')
-        kept = _kept(checkpointer, wd.path, wait=False)
+        kept = _kept(one.checkpointer, wd.path, wait=False)
         raise Interrupted(f'interrupted again {what}; {kept}: the same command resumes '
                           'from it.') from None
       at = f' after step {clock.step}' if clock.step is not None else ' while starting'
-      raise Interrupted(f'interrupted{at}; {_kept(checkpointer, wd.path)}: the same '
+      raise Interrupted(f'interrupted{at}; {_kept(one.checkpointer, wd.path)}: the same '
                         'command resumes from it.') from None
     finally:
       _TRAINING.clear()
-      if checkpointer is not None and not abandoned:
-        _close_quietly(checkpointer)
+      if one.checkpointer is not None and not clock.abandoned:
+        _close_quietly(one.checkpointer)
+
+
+def run_many(configs: Sequence[ml_collections.ConfigDict], workdirs: Sequence[str],
+             outcomes: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+  """Trains (or resumes) R runs of one shape as one program, each into its own workdir;
+  returns each one's {'state', 'error', 'record'}.
+
+  The runs may differ only in seed and the run knobs (`loco.run_axis.RUN_KNOBS`). Each
+  workdir ends up as `run` would leave it, its numbers equal to its solo run's. Runs at
+  different resume steps train one group after the other; a finished run is skipped; a
+  run that diverges is marked so in its workdir and the others go on. `outcomes`, if
+  given, is filled {workdir: {'state', 'error'}} also when this raises (a run not
+  started reads 'failed' with the error).
+
+  Raises:
+    ConfigError: the runs cannot share a program (one line naming the setting).
+    Interrupted: Ctrl-C or SIGTERM (each workdir keeps its last committed checkpoint).
+    WorkdirError: a workdir or disk problem stopped every run.
+  """
+  from loco import run_axis
+  if len(set(map(os.path.abspath, workdirs))) != len(workdirs):
+    raise UsageError('two batched runs share a workdir.')
+  runs = [_Run(c, None, w, note=functools.partial(_note_of, w))
+          for c, w in zip(configs, workdirs)]
+  try:
+    for one in runs:
+      one.exp = experiment_lib.parse_config(one.config)
+    run_axis.knobs_of([one.exp for one in runs])           # refuses runs of different shapes
+    r0 = runs[0].exp.run
+    if max(r0.mesh_workers, 1) * max(r0.mesh_fsdp, 1) > 1 or jax.process_count() > 1:
+      raise UsageError('batched runs train on one device (run.mesh_workers = '
+                       'run.mesh_fsdp = 1, one process); train mesh runs one at a time '
+                       'with loco.main.')
+    _train_all(runs, Placement.make(1, r0.num_workers, 1, r0.batch_per_worker))
+  except BaseException as e:
+    _stop_all(runs, 'interrupted' if isinstance(e, (KeyboardInterrupt, Interrupted))
+              else 'failed', str(e) if isinstance(e, LocoError) else None)
+    raise
+  finally:
+    if outcomes is not None:
+      outcomes.update({one.workdir: dict(state=one.state, error=one.message)
+                       for one in runs})
+  return [dict(state=one.state, error=one.message, record=_last_record(one))
+          for one in runs]
+
+
+def _train_all(runs: 'list[_Run]', placement: Placement) -> None:
+  """`run_many`'s workdirs, checkpointers and groups (runs that resume from one step)."""
+  clock = _Phases(None)
+  with contextlib.ExitStack() as stack:
+    try:
+      for one in runs:
+        one.wd = stack.enter_context(workdir_lib.Workdir(one.workdir))
+        one.checkpointer = Checkpointer(one.wd.file('checkpoints'),
+                                        one.exp.run.checkpoint_keep, note=one.note)
+        # A second signal abandons the stop's saves: they are not waited for.
+        stack.callback(lambda c=one.checkpointer: clock.abandoned or _close_quietly(c))
+      for one in runs:
+        one.algorithm = experiment_lib.build_algorithm(one.exp)
+        try:
+          _plan(one)
+        except (DivergenceError, WorkdirError) as e:
+          one.end('diverged' if isinstance(e, DivergenceError) else 'failed', e)
+      for start in sorted({one.start for one in runs if one.state is None}):
+        group = [one for one in runs if one.state is None and one.start == start]
+        _train(group, placement, clock, _Screen.many(group), True)
+    except OSError as e:
+      _stop_all(runs, 'failed')
+      raise WorkdirError(f'{_os_error(e)}; every run keeps its last good checkpoint '
+                         'in its workdir: fix it and the same command resumes them.') from e
+    except KeyboardInterrupt:
+      again = f' again after step {clock.step}' if clock.stopping else ''
+      clock.abandoned = clock.stopping
+      _stop_all(runs, 'interrupted', wait=not clock.stopping)
+      raise Interrupted(f'interrupted{again}; every run keeps its last good checkpoint in '
+                        'its workdir: the same command resumes them.') from None
+    finally:
+      _TRAINING.clear()
 
 
 # Set by `on_signal` (loco.main's SIGINT / SIGTERM handler), or by a caller in another
@@ -113,138 +200,315 @@ def on_signal() -> None:
     raise KeyboardInterrupt
 
 
-def _train(wd: workdir_lib.Workdir, config, exp: Experiment, algorithm: Algorithm,
-           placement: Placement, checkpointer: Checkpointer, is_main: bool,
-           clock: '_Phases') -> dict[str, Any]:
-  r = exp.run
-  note = _note if is_main else (lambda message: None)
-  say = _say if is_main else (lambda line: None)
-  _refuse_diverged(wd)
-  timeline = ledger_lib.make_timeline(exp, algorithm)
-  # Ticks: inner steps, or the asynchronous replay's ticks.
-  total = timeline.num_ticks if timeline is not None else r.steps
-  start = _resumable_from(wd, config, checkpointer, total, note)
-  if start == total:
-    note(f'the run in {wd.path} finished before (step {start} of {total}); nothing to do.')
-    return wd.last_record()
-  for line in experiment_lib.header(exp, wd.path, start, total):
-    say(line)
+@dataclasses.dataclass(eq=False)
+class _Run:
+  """One run's host side: its config, workdir, checkpointer and books, and how it ended."""
+  config: Any
+  exp: Experiment | None
+  workdir: str
+  note: Callable[[str], None]
+  wd: workdir_lib.Workdir | None = None
+  algorithm: Algorithm | None = None
+  checkpointer: Checkpointer | None = None
+  timeline: Any = None
+  start: int = 0
+  total: int = 0
+  state: str | None = None       # finished | diverged | failed | interrupted, once known
+  error: LocoError | None = None
+  message: str | None = None     # the one line of how it ended (None when it finished)
+  record: dict[str, Any] | None = None    # its last metrics record, once finished
+  books: Any = None              # (metrics writer, comm log, ledger) while it trains
 
+  def end(self, state: str, error: 'LocoError | str | None' = None) -> None:
+    self.state = state
+    self.error = error if isinstance(error, LocoError) else None
+    self.message = None if error is None else str(error)
+
+
+def _plan(one: _Run) -> None:
+  """Where `one` starts (its resume step), its clock and length; a finished run is
+  marked finished. Raises DivergenceError (a diverged run) or WorkdirError."""
+  _refuse_diverged(one.wd)
+  one.timeline = ledger_lib.make_timeline(one.exp, one.algorithm)
+  # Ticks: inner steps, or the asynchronous replay's ticks.
+  one.total = one.timeline.num_ticks if one.timeline is not None else one.exp.run.steps
+  one.start = _resumable_from(one.wd, one.config, one.checkpointer, one.total, one.note)
+  if one.start == one.total:
+    one.note(f'the run in {one.wd.path} finished before (step {one.start} of '
+             f'{one.total}); nothing to do.')
+    one.end('finished')
+
+
+def _train(runs: list[_Run], placement: Placement, clock: '_Phases', screen: '_Screen',
+           is_main: bool) -> None:
+  """Trains runs that resume from one step together, to their end; each ends finished
+  or diverged (`_Run.end`). Stopped (STOP), saves every run at the boundary and raises
+  Interrupted."""
+  exp, start, total = runs[0].exp, runs[0].start, runs[0].total
+  r = exp.run
+  screen.header(start, total)
   experiment_lib.check_vocabulary(exp)
-  key = jax.random.key(r.seed)
-  graphdef, init, abstract_state = step_lib.init_state(exp, algorithm, key, placement.mesh)
-  train_chunk = step_lib.make_train_chunk(algorithm, exp.model, graphdef, placement.mesh,
-                                          r.grad_mode)
+  graphdef, init, abstract = step_lib.init_state(exp, runs[0].algorithm,
+                                                 jax.random.key(r.seed), placement.mesh)
   chunk_len = min(r.log_every, total)
-  ahead = step_lib.compile_ahead(train_chunk, abstract_state,
-                                 placement.batches(chunk_len, r.seq_len),
-                                 None if timeline is None else timeline.contexts(0, 1))
-  state = (checkpoint_lib.warm_start(init, key, abstract_state, r.init_from,
-                                     r.init_inner_state, note)
-           if r.init_from and not start else init(key))
-  say(_phase('set up', clock.lap('init'), 'the model and optimizer state; the train step '
-             'traced (it compiles in the background)'))
-  train_data, eval_windows = _data(exp, placement)
-  say(_phase('read data', clock.lap('data'), 'train and eval windows' + (
+  contexts = None if runs[0].timeline is None else runs[0].timeline.contexts(0, 1)
+  program = _Program(runs, graphdef, abstract, placement, chunk_len, contexts)
+  states, data = [], []
+  for one in runs:
+    key = jax.random.key(one.exp.run.seed)
+    states.append(checkpoint_lib.warm_start(init, key, abstract, r.init_from,
+                                            r.init_inner_state, one.note)
+                  if r.init_from and not start else init(key))
+  screen.say(_phase('set up', clock.lap('init'), 'the model and optimizer state; the '
+                    'train step traced (it compiles in the background)'))
+  for one in runs:
+    train_data, eval_windows = _data(one.exp, placement)
+    data.append(train_data)
+  screen.say(_phase('read data', clock.lap('data'), 'train and eval windows' + (
       f' (a first run prepares the corpus once, in {_home(exp.data.resolved_data_dir)})'
       if exp.data.source != 'tfds' else '')))
 
-  host_state = {}
-  if start:
-    state, data_state, host_state = checkpointer.restore(start, state)
-    train_data.set_state(data_state)
-  if is_main:
-    experiment_lib.write_config_json(wd, config, exp)
+  for i, (one, train_data) in enumerate(zip(runs, data)):
+    host_state = {}
+    if start:
+      states[i], data_state, host_state = one.checkpointer.restore(start, states[i])
+      train_data.set_state(data_state)
+    if is_main:
+      experiment_lib.write_config_json(one.wd, one.config, one.exp)
+    writer, comm_log = _writers(one.wd, one.config, one.exp, start, is_main, one.note)
+    ledger = ledger_lib.Ledger(
+        num_workers=r.num_workers, sequence_tokens=r.batch_per_worker * r.seq_len,
+        vocab_size=exp.model.vocab_size, timeline=one.timeline, comm_log=comm_log,
+        diverged=functools.partial(_diverged, one.wd, one.checkpointer, is_main))
+    ledger.load_state_dict(host_state)
+    one.books = (writer, comm_log, ledger)
+  states = program.stack(states)
   seconds = clock.lap('restore')
   if start:
-    say(_phase('restored', seconds, f'the state, data position and counters of step {start}'))
+    screen.say(_phase('restored', seconds,
+                      f'the state, data position and counters of step {start}'))
 
-  diverged = functools.partial(_diverged, wd, checkpointer, is_main)
-  writer, comm_log = _writers(wd, config, exp, start, is_main, note)
-  ledger = ledger_lib.Ledger(
-      num_workers=r.num_workers, sequence_tokens=r.batch_per_worker * r.seq_len,
-      vocab_size=exp.model.vocab_size, timeline=timeline, comm_log=comm_log,
-      diverged=diverged)
-  ledger.load_state_dict(host_state)
   check_finite = jax.jit(step_lib.all_finite)
-  progress = ProgressBar(total, start, enabled=r.progress and is_main)
-  evaluate = _evaluator(exp, graphdef, eval_windows,
-                        lambda line: (progress.clear(), say(line)))
+  screen.start(start, total)
+  evaluate = _evaluator(exp, graphdef, eval_windows, screen.eval_line)
+  live = lambda: [i for i, one in enumerate(runs) if one.state is None]   # noqa: E731
 
-  def finish(end_step, k, outputs):   # the host's share of a chunk, once its outputs are in
-    record = ledger.finish(end_step, k, *placement.fetch(outputs))
+  def diverged(i: int, e: DivergenceError) -> None:
+    runs[i].end('diverged', e)
+    if len(runs) > 1:
+      runs[i].note(f'diverged: {e} The other runs go on.')
+
+  def finish(end_step, k, outputs) -> dict[int, tuple[dict, float]]:
+    """The host's share of a chunk, once its outputs are in: {run: (row, step s)}."""
+    done = {}
+    for i, (losses, info) in zip(live(), program.split(outputs, live())):
+      try:
+        done[i] = runs[i].books[2].finish(end_step, k, losses, info)
+      except DivergenceError as e:
+        diverged(i, e)
     clock.step = end_step
-    return record
+    return done
 
-  def save(step, state, data_state):
-    if not bool(check_finite((state.params, state.anchor))):
-      diverged(step, f'the parameters became non-finite by step {step}')
-    checkpointer.save(step, state, placement.every_position(data_state),
-                      ledger.state_dict())
+  def save(i: int, step: int, data_state) -> None:
+    one = program.unstack(states, i)
+    try:
+      if not bool(check_finite((one.params, one.anchor))):
+        runs[i].books[2].diverged(step, f'the parameters became non-finite by step {step}')
+    except DivergenceError as e:
+      diverged(i, e)
+      return
+    runs[i].checkpointer.save(step, one, placement.every_position(data_state),
+                              runs[i].books[2].state_dict())
+
+  def mark() -> None:
+    for one in runs:
+      one.books[2].mark()
 
   compiled = pending = None   # pending: (end_step, k, outputs) of the chunk in flight
-  step = saved = start        # the step reached; the newest checkpoint's
-  data_state = None
-  for step, k, batches, contexts, valid, data_state in _chunks(
-      start, total, chunk_len, train_data, timeline, placement):
+  step = saved = start        # the step reached; the newest checkpoints'
+  data_states = None
+  for step, k, batches, contexts, valid, data_states in _chunks(
+      start, total, chunk_len, data, runs[0].timeline):
+    if not live():
+      break
     if compiled is None:
       clock.lap('first_batch')
-      compiled = ahead.get()
+      compiled = program.compiled()
       waited = clock.lap('compile')
-      say(_phase('compiled', ahead.seconds, 'the train step, in the background '
-                 f'({waited:.1f} s waited for it)'))
-      ledger.mark()
-    state, outputs = compiled(state, batches, contexts, valid)
+      screen.say(_phase('compiled', program.ahead.seconds, 'the train step, in the '
+                        f'background ({waited:.1f} s waited for it)'))
+      mark()
+    states, outputs = compiled(states, program.place(batches), contexts, valid)
     _TRAINING.set()
     if pending is not None:
-      _emit(writer, progress, *finish(*pending))
+      screen.show(runs, finish(*pending))
     pending = (step, k, outputs)
     boundary_eval = r.eval_every and (step % r.eval_every == 0 or step == total)
     boundary_ckpt = step == total or (r.checkpoint_every and step % r.checkpoint_every == 0)
     if boundary_eval or boundary_ckpt:
-      record, step_seconds = finish(*pending)
+      done = finish(*pending)
       pending = None
       if boundary_eval:
-        record.update(evaluate(state.params, step))
-      # The row first, then the checkpoint: a checkpoint never exists without its row.
-      _emit(writer, progress, record, step_seconds)
+        for i, (record, _) in done.items():
+          record.update(evaluate(program.unstack(states, i).params, step))
+      # The rows first, then the checkpoints: a checkpoint never exists without its row.
+      screen.show(runs, done)
       if boundary_ckpt:
-        save(step, state, data_state)
+        for i in done:
+          save(i, step, data_states[i])
         saved = step
-      ledger.mark()
+      mark()
     if clock.wants('first_chunk'):
       jax.block_until_ready(outputs)
       clock.lap('first_chunk')
-  stopped = step < total   # by STOP: the chunk in flight finishes, then a checkpoint
+  stopped = step < total and bool(live())   # by STOP: the chunk in flight, then a save
   clock.stopping = stopped
   if pending is not None:
-    _emit(writer, progress, *finish(*pending))
-  progress.close()
+    screen.show(runs, finish(*pending))
+  screen.close()
   if stopped:
-    message = _save_at_stop(wd.path, checkpointer, clock, saved, step,
-                            lambda: save(step, state, data_state))
-  writer.close()
-  comm_log.close()
+    unsaved = [i for i in live() if saved != step]
+    message = _save_at_stop(runs, unsaved, step, clock,
+                            lambda i: save(i, step, data_states[i]))
+  for one in runs:
+    one.books[0].close()
+    one.books[1].close()
   if stopped:
     raise Interrupted(message)
-  checkpointer.wait()
-  return ledger.last_record
+  for one in runs:
+    one.checkpointer.wait()
+    if one.state is None:
+      one.record = one.books[2].last_record
+      one.end('finished')
 
 
-def _save_at_stop(path: str, checkpointer: Checkpointer, clock: '_Phases', saved: int,
-                  step: int, save) -> str:
-  """Saves the checkpoint of a run stopped at `step` (a chunk boundary whose row is
-  written) unless it has one, waits for its commit; returns what the stop line says."""
-  if saved != step:
+class _Program:
+  """The jitted train chunk of one run (`loco.step`), or of R runs over a run axis
+  (`loco.run_axis`), compiled in the background from the state's shapes."""
+
+  def __init__(self, runs: list[_Run], graphdef, abstract, placement: Placement,
+               chunk_len: int, contexts):
+    exp = runs[0].exp
+    r = exp.run
+    self.placement = placement
+    self.many = len(runs) > 1
+    batches = placement.batches(chunk_len, r.seq_len)
+    if not self.many:
+      train_chunk = step_lib.make_train_chunk(runs[0].algorithm, exp.model, graphdef,
+                                              placement.mesh, r.grad_mode)
+      self.ahead = step_lib.compile_ahead(train_chunk, abstract, batches, contexts)
+      return
+    from loco import run_axis
+    self._run_axis = run_axis
+    self.knobs = run_axis.knobs_of([one.exp for one in runs])
+    many = lambda x: jax.ShapeDtypeStruct((len(runs),) + x.shape, x.dtype)  # noqa: E731
+    abstract = jax.tree.map(many, abstract._replace(step=None))._replace(step=abstract.step)
+    self.ahead = step_lib.CompileAhead(run_axis.make_batched_chunk(exp, graphdef).lower(
+        self.knobs, abstract, many(batches), step_lib.pad_steps(contexts, chunk_len),
+        jax.ShapeDtypeStruct((chunk_len,), np.bool_)))
+
+  def compiled(self):
+    """The compiled chunk, `(states, batches, contexts, valid) -> (states, outputs)`."""
+    compiled = self.ahead.get()
+    if not self.many:
+      return compiled
+    return functools.partial(compiled, self.knobs)
+
+  def place(self, batches_RxK):
+    """A chunk's batches [R, K, M, B, L + 1] as the program takes them."""
+    return batches_RxK if self.many else self.placement.place_batches(batches_RxK[0])
+
+  def stack(self, states):
+    return self._run_axis.stack(states) if self.many else states[0]
+
+  def unstack(self, states, i: int):
+    return self._run_axis.unstack(states, i) if self.many else states
+
+  def split(self, outputs, runs: Sequence[int]) -> list[tuple[Any, Any]]:
+    """Host copies of a chunk's (losses, StepInfo), for each of `runs`."""
+    losses, info = self.placement.fetch(outputs)
+    if not self.many:
+      return [(losses, info)]
+    return [(losses[i], jax.tree.map(lambda x, i=i: x[i], info)) for i in runs]
+
+
+class _Screen:
+  """What the loop shows: one run's header, start-up phases and progress bar (loco.main;
+  process 0 only), or one progress line per run (loco.batched)."""
+
+  def __init__(self, runs: list[_Run], enabled: bool, solo: bool):
+    self.runs, self.enabled, self.solo = runs, enabled, solo
+    self.bar = None
+
+  @classmethod
+  def one(cls, run: _Run, is_main: bool) -> '_Screen':
+    return cls([run], is_main, True)
+
+  @classmethod
+  def many(cls, runs: list[_Run]) -> '_Screen':
+    return cls(runs, True, False)
+
+  def say(self, line: str) -> None:
+    if self.solo and self.enabled:
+      _say(line)
+
+  def header(self, start: int, total: int) -> None:
+    one = self.runs[0]
+    for line in experiment_lib.header(one.exp, one.wd.path, start, total):
+      self.say(line)
+
+  def start(self, start: int, total: int) -> None:
+    progress = self.runs[0].exp.run.progress and self.enabled
+    if self.solo:
+      self.bar = ProgressBar(total, start, enabled=progress)
+    else:
+      from loco.progress import RunsProgress
+      self.bar = RunsProgress([one.workdir for one in self.runs], total, enabled=progress)
+
+  def eval_line(self, line: str) -> None:
+    if self.solo:
+      self.bar.clear()
+      self.say(line)
+    else:
+      self.runs[0].note(line.strip())
+
+  def show(self, runs: list[_Run], done: dict[int, tuple[dict, float]]) -> None:
+    """Writes each run's new row and shows it."""
+    for i, (record, _) in done.items():
+      runs[i].books[0].write(record)
+    if not self.solo:
+      self.bar.update({i: record for i, (record, _) in done.items()})
+      return
+    for record, step_seconds in done.values():
+      self.bar.update(record['step'], record['train_loss'], record['tokens_per_second'],
+                      record.get('eval_loss'), step_seconds=step_seconds)
+
+  def close(self) -> None:
+    self.bar.close()
+
+
+def _save_at_stop(runs: list[_Run], unsaved: Sequence[int], step: int, clock: '_Phases',
+                  save: Callable[[int], None]) -> str:
+  """Saves the runs stopped at `step` (a chunk boundary whose rows are written) that
+  have no checkpoint there (`save(i)`), waits for the commits; returns what the stop
+  line says."""
+  t = time.perf_counter()
+  if unsaved:
     clock.saving = step
-    t = time.perf_counter()
-    save()
-    checkpointer.wait()
+    for i in unsaved:
+      save(i)
+    for i in unsaved:
+      runs[i].checkpointer.wait()
     clock.saving = None
-    return (f'interrupted after step {step}; saved its checkpoint (step {step}) in '
-            f'{time.perf_counter() - t:.1f} s in {path}: the same command resumes from it.')
-  return (f'interrupted after step {step}; {_kept(checkpointer, path)}: the same command '
-          'resumes from it.')
+  seconds = time.perf_counter() - t
+  if len(runs) == 1:
+    kept = (f'saved its checkpoint (step {step}) in {seconds:.1f} s in {runs[0].wd.path}'
+            if unsaved else _kept(runs[0].checkpointer, runs[0].wd.path))
+    return f'interrupted after step {step}; {kept}: the same command resumes from it.'
+  kept = (f'saved each run\'s checkpoint (step {step}) in {seconds:.1f} s,'
+          if unsaved else f'each run keeps its checkpoint (step {step})')
+  return (f'interrupted after step {step}; {kept} in its workdir: the same command '
+          'resumes them.')
 
 
 def _refuse_diverged(wd: workdir_lib.Workdir) -> None:
@@ -287,24 +551,24 @@ def _data(exp: Experiment, placement: Placement):
   return train_data, eval_windows
 
 
-def _chunks(step: int, total: int, chunk_len: int, train_data, timeline,
-            placement: Placement):
-  """Yields (end step, k, placed batches, contexts, valid, data state) per chunk.
+def _chunks(step: int, total: int, chunk_len: int, data: Sequence[Any], timeline):
+  """Yields (end step, k, batches [R, K, M, B, L + 1], contexts, valid, data states)
+  per chunk, for the R runs reading `data` (one iterator each).
 
   Chunks end on multiples of log_every (and at the end); each is padded to chunk_len
   steps, `valid` marking the k real ones. Ends early, at a chunk boundary that every
   process agrees on, once STOP is set (`stop_agreed`)."""
   while step < total:
     k = min(chunk_len - step % chunk_len, total - step)
-    batches = np.stack([next(train_data) for _ in range(k)])
+    batches = np.stack([np.stack([next(d) for _ in range(k)]) for d in data])
     if stop_agreed():   # after the read: on several hosts it waits for the chunk in flight
       return
     contexts = None if timeline is None else timeline.contexts(step, k)
     valid = np.arange(chunk_len) < k
-    batches, contexts = step_lib.pad_steps((batches, contexts), chunk_len)
+    batches = np.moveaxis(step_lib.pad_steps(np.moveaxis(batches, 1, 0), chunk_len), 0, 1)
     step += k
-    yield (step, k, placement.place_batches(batches), contexts, valid,
-           train_data.get_state())
+    yield (step, k, batches, step_lib.pad_steps(contexts, chunk_len), valid,
+           [d.get_state() for d in data])
 
 
 def _writers(wd: workdir_lib.Workdir, config, exp: Experiment, start: int, is_main: bool,
@@ -359,13 +623,6 @@ def _diverged(wd: workdir_lib.Workdir, checkpointer: Checkpointer, is_main: bool
   raise DivergenceError(message)
 
 
-def _emit(writer: MetricsWriter, progress: ProgressBar, record: dict,
-          step_seconds: float) -> None:
-  writer.write(record)
-  progress.update(record['step'], record['train_loss'], record['tokens_per_second'],
-                  record.get('eval_loss'), step_seconds=step_seconds)
-
-
 class _NoWriter:
   """The metrics and communication-log writer of processes other than process 0."""
 
@@ -389,6 +646,7 @@ class _Phases:
     self.step: int | None = None    # the last step whose results are in, for messages
     self.stopping = False           # STOP was agreed: finishing the last chunk, saving
     self.saving: int | None = None  # the step the stop's checkpoint is being saved at
+    self.abandoned = False          # a second signal came while stopping: saves are left
 
   def wants(self, name: str) -> bool:
     return self.out is not None and name not in self.out
@@ -426,6 +684,24 @@ def _kept(checkpointer: Checkpointer | None, path: str, wait: bool = True) -> st
   return f'no checkpoint was written in {path} yet'
 
 
+def _stop_all(runs: Sequence[_Run], state: str, error: str | None = None,
+              wait: bool = True) -> None:
+  """Ends every run still going as `state`, naming the checkpoint each one keeps (once
+  its save in flight commits or fails, or as on disk now: not `wait`)."""
+  for one in runs:
+    if one.state is None:
+      kept = (_kept(one.checkpointer, one.workdir, wait=wait) if one.checkpointer
+              else f'nothing was written in {one.workdir}')
+      one.end(state, error or f'{state}; {kept}')
+
+
+def _last_record(one: _Run) -> dict[str, Any]:
+  try:
+    return one.wd.last_record() if one.wd is not None else {}
+  except LocoError:
+    return {}
+
+
 def _close_quietly(checkpointer: Checkpointer) -> None:
   try:
     checkpointer.close()
@@ -435,6 +711,16 @@ def _close_quietly(checkpointer: Checkpointer) -> None:
 
 def _note(message: str) -> None:
   print(f'loco: note: {message}', file=sys.stderr, flush=True)
+
+
+def _note_of(workdir: str, message: str) -> None:
+  """A note of one of `run_many`'s runs, naming its workdir."""
+  _note(f'{workdir}: {message}')
+
+
+def _silent(message: str) -> None:
+  """The notes of processes other than process 0."""
+  del message
 
 
 def _say(line: str) -> None:

@@ -498,7 +498,7 @@ def test_runs_resumed_together_each_read_their_own_data(tmp_path, small_corpus_g
     c.steps = 15
     c.eval.every = 0
   dirs = [str(tmp_path / 'a'), str(tmp_path / 'b')]
-  real = batched._chunks
+  real = train._chunks
   seen = []
 
   def stop_after_10(start, *args):
@@ -506,7 +506,7 @@ def test_runs_resumed_together_each_read_their_own_data(tmp_path, small_corpus_g
       if item[0] >= 10:
         train.STOP.set()
       yield item
-  monkeypatch.setattr(batched, '_chunks', stop_after_10)
+  monkeypatch.setattr(train, "_chunks", stop_after_10)
   with pytest.raises(Interrupted):
     batched.run_batched(configs, dirs)
   train.STOP.clear()
@@ -515,7 +515,7 @@ def test_runs_resumed_together_each_read_their_own_data(tmp_path, small_corpus_g
     for item in real(start, *args):
       seen.append((start, item))
       yield item
-  monkeypatch.setattr(batched, '_chunks', recorded)
+  monkeypatch.setattr(train, "_chunks", recorded)
   assert [r['state'] for r in batched.run_batched(configs, dirs)] == ['finished'] * 2
   (start, (end, k, batches, _, _, data_states)), = seen
   assert (start, end, k) == (10, 15, 5)

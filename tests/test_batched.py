@@ -89,14 +89,14 @@ def test_batched_runs_resume_alone_or_together(tmp_path, small_corpus_glob, data
   dirs = [str(tmp_path / 'a'), str(tmp_path / 'b')]
   # Stopped at step 15 (STOP, as SIGTERM sets it, once chunk 11-15 is read): each run
   # saves a checkpoint of that step, its row written first.
-  real = batched._chunks
+  real = train._chunks
 
   def stop_at_15(start, *args):
     for item in real(start, *args):
       if item[0] >= 15:
         train.STOP.set()
       yield item
-  monkeypatch.setattr(batched, '_chunks', stop_at_15)
+  monkeypatch.setattr(train, "_chunks", stop_at_15)
   outcomes = {}
   with pytest.raises(Interrupted):
     batched.run_batched(configs, dirs, outcomes)
@@ -107,7 +107,7 @@ def test_batched_runs_resume_alone_or_together(tmp_path, small_corpus_glob, data
         "interrupted after step 15; saved each run's checkpoint (step 15) in "), outcomes[d]
     assert checkpoint_lib.committed_steps(os.path.join(d, 'checkpoints')) == [10, 15]
     assert read_metrics(d)[-1]['step'] == 15
-  monkeypatch.setattr(batched, '_chunks', real)
+  monkeypatch.setattr(train, "_chunks", real)
   # Run b resumes alone; then a (at step 15) and a new run c (at 0) go together.
   train.run(configs[1], dirs[1])
   third = _config(small_corpus_glob, data_dir, RUNS[2])
