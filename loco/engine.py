@@ -26,6 +26,7 @@ import optax
 
 from loco import comm
 from loco import merge as merge_lib
+from loco import participation as participation_lib
 from loco import sync_plan
 from loco import axis
 from loco import wire as wire_lib
@@ -49,37 +50,16 @@ class StepContext(NamedTuple):
       step this tick (the asynchronous replay: only the workers of this tick's
       exchanges); see `sync_plan.Schedule.syncing`.
     key: a PRNG key for this tick (random matchings, stochastic rounding).
-    keep: [M] bool, absent workers that keep their own params at a sync (keep-local
-      dropout, `network.dropout_mode='keep_local'` or `'offline'`): an absent worker
-      with `keep` does not merge the outer step into its params and goes on from its
-      own; without it (None, or False) it adopts what the others agreed on
-      (`'discard'`).
-    isolate: [M] bool, absent workers that are cut off at a sync (`'offline'`): they
-      neither send nor receive and keep their anchor, outer state and merge state too
-      (stale until `rejoin`); without it an absent worker downloads the result.
-    rejoin: [M] bool, workers whose anchor and outer state are stale because they were
-      isolated at an earlier sync: at this tick's sync such a worker, if alive, sends
-      its pseudo-gradient against its own anchor like the others, then copies the
-      anchor, outer state and merge state of an up-to-date worker (the lowest-index
-      alive worker that is not rejoining), whose bytes are counted: the sender sends
-      them, the rejoining worker receives them. Read by algorithms whose anchors are
-      shared (`local_updates(..., shared_anchor=True)`).
-    send: [M] bool, the overlapped asynchronous replay (`network.overlap='compute'`):
-      workers that send their model at the end of this tick (after the tick's merges):
-      their gossip stores the value it mixes as their snapshot, and this tick's `sync`
-      workers merge their partners' snapshots (stale models) instead of their current
-      values. None: exchanges read current values. Needs an algorithm built with
-      snapshots (`AsyncReplay.overlapped`).
+    participation: a `loco.participation.Participation`, who takes part in this
+      tick's sync and how beyond `alive` (keep-local and offline dropout, rejoining,
+      the overlapped asynchronous replay's snapshots), or None: every worker.
   """
   active: jax.Array | None = None
   alive: jax.Array | None = None
   mixing: jax.Array | None = None
   sync: jax.Array | None = None
   key: jax.Array | None = None
-  keep: jax.Array | None = None
-  isolate: jax.Array | None = None
-  rejoin: jax.Array | None = None
-  send: jax.Array | None = None
+  participation: participation_lib.Participation | None = None
 
 
 class StepInfo(NamedTuple):
@@ -136,7 +116,7 @@ class AsyncReplay(NamedTuple):
       the params at `wire_dtype`.
     overlapped: `overlapped()` -> the same algorithm with gossip snapshots
       (`comm.gossip(stale=True)`), which the overlapped replay needs, or None.
-    snapshots: whether this algorithm keeps those snapshots (`StepContext.send` works).
+    snapshots: whether this algorithm keeps those snapshots (`Participation.send` works).
   """
   sync_every: int
   peers: Callable[[int], Any]
@@ -186,7 +166,7 @@ class Algorithm(NamedTuple):
       local-update algorithms, 1 for per-step ones): dropout draws absent workers per
       round, and local steps count within it.
     keeps_local: whether a sync can leave absent workers with their own state
-      (`StepContext.keep`): False for merges that reach the params tau > 0 steps after
+      (`Participation.keep`): False for merges that reach the params tau > 0 steps after
       the sync (the delivery does not know who was absent).
     local_steps: per-worker H_i when fixed (`with_local_steps`), for the clock; None:
       every worker steps throughout its round.
@@ -248,7 +228,7 @@ def local_updates(
     plan: H, inner steps between two syncs of the whole model, or a `SyncPlan`.
     merge: a `merge.Merge` policy; None: `merge.delayed(0, 0.0)`, `params <- anchor`.
     shared_anchor: whether the workers' anchors are one value (the all-reduce family),
-      so that a worker rejoining after offline dropout (`StepContext.rejoin`) copies
+      so that a worker rejoining after offline dropout (`Participation.rejoin`) copies
       an up-to-date worker's anchor and outer state; False for gossip, whose anchors
       are each worker's own.
     mesh: a mesh with a "workers" axis to shard the worker axis over, or None (vmap on
@@ -278,76 +258,7 @@ def local_updates(
   # One fragment's outer state stands alone (DiLoCo's state is its chain's state).
   wrap = tuple if fragmented else (lambda s: s[0])
 
-  def init(params: PyTree, num_workers: int, key: jax.Array) -> LocoState:
-    if num_workers < 1:
-      raise ConfigError(f'num_workers must be >= 1, got {num_workers}.')
-    stacked = axis.replicate(params, num_workers)
-    inner_state = vmap(inner.init, 0)(stacked)
-    anchor, outer_state, extra = None, None, ()
-    if outer is not None:
-      members = plan.schedule(params, merge.delay).members
-      # Its own float32 buffers (the state is donated): the outer step runs in float32.
-      anchor = jax.tree.map(lambda x: jnp.array(x, jnp.float32, copy=True), stacked)
-      leaves, treedef = jax.tree.flatten(anchor)
-      outer_state = vmap(lambda a: wrap([outer.init(_view(treedef, m, [a[i] for i in m]))
-                                         for m in members]), 0)(leaves)
-      extra = merge.init(anchor)
-    return LocoState(step=jnp.zeros((), jnp.int32), params=stacked,
-                     inner_state=inner_state, anchor=anchor, outer_state=outer_state,
-                     extra=extra, key=key)
-
-  def sync_fragment(view, num_workers, mixing, key, phase, params, anchor, outer_state,
-                    merge_state, active, alive, adopt):
-    """One worker's outer step of a fragment (lists of its leaves), inside the worker
-    map, before the merge reaches the params; and what it put on the wire. With phase
-    'send' (the overlapped asynchronous replay) only the snapshot of what this worker
-    sends is kept, and nothing moves."""
-    context = comm.WorkerContext(active=active, alive=alive, mixing=mixing, key=key,
-                                 adopt=adopt, snapshot=phase)
-    delta = [a - p.astype(jnp.float32) for a, p in zip(anchor, params)]
-    new_params, new_anchor, new_outer, new_merge = merge.at_sync(
-        outer, view(params), view(anchor), view(delta), outer_state,
-        tuple(map(view, merge_state)), context=context, num_workers=num_workers)
-    new = (jax.tree.leaves(new_params), jax.tree.leaves(new_anchor), new_outer,
-           tuple(jax.tree.leaves(m) for m in new_merge))
-    if phase == 'send':    # only the snapshot of what is sent is kept
-      return ((params, anchor, comm.keep_snapshots(outer_state, new_outer), merge_state),
-              wire_lib.empty(num_workers))
-    return new, wire_lib.collect(new_outer, num_workers)
-
-  def catch_up(new, alive, rejoin):
-    """A rejoining worker copies the anchor, outer state (but its links' own state:
-    `comm.LINK_STATES`) and merge state that the lowest-index up-to-date alive worker
-    holds after the sync (inside the worker map). When every alive worker is rejoining
-    (none is up to date), the lowest-index alive worker's history wins: it keeps the
-    outer step it took on its own anchor and the others copy it, so that the alive
-    workers leave the sync with one anchor (the schedule then counts them up to date
-    and the absent ones stale)."""
-    params, *held = new
-    fresh = axis.all_gather(alive & ~rejoin)
-    donors = jnp.where(jnp.any(fresh), fresh, axis.all_gather(alive))
-    source = jnp.argmax(donors)
-    me = axis.axis_index()
-    take = rejoin & alive & (me != source)
-    own = lambda x: isinstance(x, comm.LINK_STATES)   # each worker keeps its link's state
-    copied = jax.tree.map(lambda x: x if own(x) else _from_worker(x, me == source), held,
-                          is_leaf=own)
-    held = optax.tree.where(take, copied, held)
-    # What a real worker sends: the anchor and the optimizer's float arrays.
-    nbytes = jnp.float32(comm.tree_bytes([
-        x for x in jax.tree.leaves(jax.tree.map(lambda x: None if own(x) else x, held,
-                                                is_leaf=own))
-        if jnp.issubdtype(x.dtype, jnp.floating)]))
-    takers = axis.psum(take.astype(jnp.float32))
-    serves = (me == source) & (takers > 0)
-    wire = Wire(sent=jnp.where(serves, nbytes * takers, 0.0),
-                     received=jnp.where(take, nbytes, 0.0),
-                     events=(serves | take).astype(jnp.int32),
-                     kind=jnp.where(serves | take, comm.ALL_REDUCE, comm.NO_COMM).astype(jnp.int32),
-                     payload=jnp.zeros((), jnp.float32),
-                     peers=jnp.where(serves, axis.all_gather(take), jax.nn.one_hot(
-                         source, axis.axis_size(), dtype=bool) & take))
-    return (params, *held), wire
+  init = functools.partial(_init_state, inner, outer, plan, merge, vmap, wrap)
 
   def step(state: LocoState, grads: PyTree,
            ctx: StepContext | None = None) -> tuple[LocoState, StepInfo]:
@@ -375,18 +286,10 @@ def local_updates(
 
     schedule = plan.schedule(params, merge.delay)
     syncing, who = schedule.syncing(s, ctx.sync)
-    adopt, keep_params = jnp.ones((num_workers,), bool), None
-    if ctx.keep is not None:      # keep-local dropout: absent workers keep their params
-      if merge.delay:
-        raise ConfigError('keep-local dropout needs a merge at the sync itself '
-                          '(overlap_steps=0); use dropout_mode discard.')
-      keep_params = ~alive & jnp.asarray(ctx.keep, bool)
-      if ctx.isolate is not None:   # ... and, cut off, their whole state
-        adopt = ~jnp.asarray(ctx.isolate, bool)
-        kept = alive | adopt
-        who = kept if who is None else who & kept
-    rejoin = (None if ctx.rejoin is None or not shared_anchor
-              else jnp.asarray(ctx.rejoin, bool))
+    # Who takes part in each fragment's sync, and how: applied around it.
+    policy = participation_lib.policy(ctx.participation, alive, who,
+                                      shared_anchor=shared_anchor, delay=merge.delay,
+                                      vmap=vmap)
     p_leaves, treedef = jax.tree.flatten(params)
     a_leaves = jax.tree.leaves(state.anchor)
     m_leaves = [jax.tree.leaves(b) for b in state.extra]    # the merge state's trees
@@ -395,27 +298,16 @@ def local_updates(
     for f, members in enumerate(schedule.members):
       view = functools.partial(_view, treedef, members)
       pick = lambda leaves: [leaves[i] for i in members]
-      phase = None if ctx.send is None else 'merge'
-      sync = functools.partial(sync_fragment, view, num_workers, ctx.mixing, step_key, phase)
+      sync = functools.partial(_sync_fragment, merge, outer, view, num_workers, ctx.mixing,
+                               step_key, policy.phase)
 
       def synced_fragment(ops, view=view, sync=sync):
-        new, wire = vmap(sync, 0)(*ops, active, alive, adopt)
-        if rejoin is not None:
-          new, caught = jax.lax.cond(
-              jnp.any(rejoin & alive), lambda n: vmap(catch_up, 0)(n, alive, rejoin),
-              lambda n: (n, silent), new)
-          wire = wire.merge(caught)
+        new, wire = policy.after_sync(*vmap(sync, 0)(*ops, active, alive, policy.adopt))
         if not merge.delay:     # the update arrives at the end of its own sync step
           p, a, o, m = new
           new = (jax.tree.leaves(merge.on_arrival(view(p), view(a), tuple(map(view, m)))),
                  a, o, m)
-        if who is not None:     # workers that sit this sync out keep their state
-          new, wire = vmap(lambda w, n, o, x: (optax.tree.where(w, n, o), x.where(w)), 0)(
-              who, new, ops, wire)
-        if keep_params is not None:   # absent workers go on from their own params
-          new = (vmap(lambda k, n, o: optax.tree.where(k, o, n), 0)(keep_params, new[0], ops[0]),
-                 *new[1:])
-        return new, wire
+        return policy.select(new, wire, ops)
 
       operands = (pick(p_leaves), pick(a_leaves), outer_states[f], tuple(map(pick, m_leaves)))
       # One cond outside the worker map: a step without this fragment's sync skips it
@@ -425,17 +317,11 @@ def local_updates(
       for leaves, values in zip([p_leaves, a_leaves, *m_leaves], [new_p, new_a, *new_m]):
         _put(leaves, members, values)
       wire = wire.merge(outer_wire)
-      if ctx.send is not None:   # after the merges: the senders store their snapshots
-        send = jnp.asarray(ctx.send, bool)
-        snap = functools.partial(sync_fragment, view, num_workers, ctx.mixing, step_key,
-                                 'send')
-
-        def store(ops, snap=snap, send=send):
-          stored = vmap(snap, 0)(*ops, active, alive, adopt)[0][2]
-          return vmap(lambda w, n, o: optax.tree.where(w, n, o), 0)(send, stored, ops[2])
-
-        outer_states[f] = jax.lax.cond(
-            jnp.any(send), store, lambda ops: ops[2],
+      if policy.send is not None:   # after the merges: the senders store their snapshots
+        snap = functools.partial(_sync_fragment, merge, outer, view, num_workers,
+                                 ctx.mixing, step_key, 'send')
+        outer_states[f] = policy.store_snapshots(
+            lambda ops, snap=snap: vmap(snap, 0)(*ops, active, alive, policy.adopt)[0][2],
             (pick(p_leaves), pick(a_leaves), outer_states[f], tuple(map(pick, m_leaves))))
       if merge.delay:     # delivery, tau steps after the sync (elementwise: no map)
         arrive = lambda p, a, m: jax.tree.leaves(
@@ -458,6 +344,46 @@ def local_updates(
 
   return Algorithm(init=init, step=step, round_steps=plan.sync_every,
                    keeps_local=outer is None or not merge.delay)
+
+
+def _init_state(inner, outer, plan, merge, vmap, wrap, params: PyTree, num_workers: int,
+                key: jax.Array) -> LocoState:
+  """`local_updates`' init: every worker starts from `params`."""
+  if num_workers < 1:
+    raise ConfigError(f'num_workers must be >= 1, got {num_workers}.')
+  stacked = axis.replicate(params, num_workers)
+  inner_state = vmap(inner.init, 0)(stacked)
+  anchor, outer_state, extra = None, None, ()
+  if outer is not None:
+    members = plan.schedule(params, merge.delay).members
+    # Its own float32 buffers (the state is donated): the outer step runs in float32.
+    anchor = jax.tree.map(lambda x: jnp.array(x, jnp.float32, copy=True), stacked)
+    leaves, treedef = jax.tree.flatten(anchor)
+    outer_state = vmap(lambda a: wrap([outer.init(_view(treedef, m, [a[i] for i in m]))
+                                       for m in members]), 0)(leaves)
+    extra = merge.init(anchor)
+  return LocoState(step=jnp.zeros((), jnp.int32), params=stacked,
+                   inner_state=inner_state, anchor=anchor, outer_state=outer_state,
+                   extra=extra, key=key)
+
+def _sync_fragment(merge, outer, view, num_workers, mixing, key, phase, params, anchor,
+                   outer_state, merge_state, active, alive, adopt):
+  """One worker's outer step of a fragment (lists of its leaves), inside the worker
+  map, before the merge reaches the params; and what it put on the wire. With phase
+  'send' (the overlapped asynchronous replay) only the snapshot of what this worker
+  sends is kept, and nothing moves."""
+  context = comm.WorkerContext(active=active, alive=alive, mixing=mixing, key=key,
+                               adopt=adopt, snapshot=phase)
+  delta = [a - p.astype(jnp.float32) for a, p in zip(anchor, params)]
+  new_params, new_anchor, new_outer, new_merge = merge.at_sync(
+      outer, view(params), view(anchor), view(delta), outer_state,
+      tuple(map(view, merge_state)), context=context, num_workers=num_workers)
+  new = (jax.tree.leaves(new_params), jax.tree.leaves(new_anchor), new_outer,
+         tuple(jax.tree.leaves(m) for m in new_merge))
+  if phase == 'send':    # only the snapshot of what is sent is kept
+    return ((params, anchor, comm.keep_snapshots(outer_state, new_outer), merge_state),
+            wire_lib.empty(num_workers))
+  return new, wire_lib.collect(new_outer, num_workers)
 
 
 def pairwise_gossip(inner: optax.GradientTransformation,
@@ -533,11 +459,3 @@ def with_local_steps(algorithm: Algorithm, local_steps: Sequence[int]) -> Algori
     return algorithm.step(state, grads, ctx._replace(active=active))
 
   return algorithm._replace(init=init, step=step, local_steps=tuple(int(b) for b in budget))
-
-
-def _from_worker(x: jax.Array, mine: jax.Array) -> jax.Array:
-  """Inside the worker map: the value of `x` on the one worker where `mine` is True
-  (a sum with zeros elsewhere, exact; booleans travel as integers)."""
-  if x.dtype == jnp.bool_:
-    return axis.psum(jnp.where(mine, x, False).astype(jnp.int32)) > 0
-  return axis.psum(jnp.where(mine, x, jnp.zeros_like(x)))

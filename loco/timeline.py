@@ -17,6 +17,7 @@ import numpy as np
 from loco import network as network_lib
 from loco import schedule as schedule_lib
 from loco.engine import Algorithm, StepContext
+from loco.participation import Participation
 from loco.errors import ConfigError
 from loco.wire import Wire
 
@@ -109,7 +110,8 @@ class Timeline:
       s, e = start, start + count
       send = None if self.schedule.send is None else self.schedule.send[s:e]
       return StepContext(active=self.schedule.active[s:e], sync=self.schedule.sync[s:e],
-                         mixing=self.schedule.mixing[s:e], send=send)
+                         mixing=self.schedule.mixing[s:e],
+                         participation=None if send is None else Participation(send=send))
     if self.sync.trivial and self.local_steps is None:
       return None
     active, alive = self.sync.masks(start, count)
@@ -118,8 +120,8 @@ class Timeline:
       active = active & (within < self.local_steps[None, :])
     keep, isolate, rejoin = ((None, None, None) if self.sync.trivial
                              else self.sync.dropout_masks(start, count) or (None,) * 3)
-    return StepContext(active=active, alive=alive, keep=keep, isolate=isolate,
-                       rejoin=rejoin)
+    return StepContext(active=active, alive=alive, participation=(
+        None if keep is isolate is rejoin is None else Participation(keep=keep, isolate=isolate, rejoin=rejoin)))
 
   def active(self, start: int, count: int) -> np.ndarray:
     """[count, M] bool: workers that step at these ticks."""

@@ -24,6 +24,7 @@ import optax
 from loco import comm
 from loco import schedule as schedule_lib
 from loco.engine import StepContext, local_updates
+from loco.participation import Participation
 
 REPRODUCER = [(0, 1, 1), (0, 0, 1), (1, 1, 0), (1, 1, 1), (1, 1, 1)]
 
@@ -41,8 +42,8 @@ def reproducer(h: int = 2) -> list[float]:
     alive = np.asarray(alive, bool)
     for _ in range(h):
       state, _ = step(state, state.params - targets,
-                      StepContext(active=ones, alive=alive, keep=ones, isolate=ones,
-                                  rejoin=alive & stale))
+                      StepContext(active=ones, alive=alive, participation=Participation(
+                          keep=ones, isolate=ones, rejoin=alive & stale)))
     stale = ~alive
     anchor = np.asarray(state.anchor)
     spreads.append(float((anchor.max(axis=0) - anchor.min(axis=0)).max()))

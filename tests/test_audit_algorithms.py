@@ -33,6 +33,7 @@ from loco.algorithms.muloco import muloco
 from loco.comm import WorkerContext
 from loco.comm.sparta import random_parameter_average
 from loco.engine import StepContext
+from loco.participation import Participation
 
 ITEMSIZE = {'float32': 4, 'bfloat16': 2, 'float16': 2}
 
@@ -494,7 +495,8 @@ def test_sparseloco_sync_with_absent_workers_counts_and_times_their_download():
   state = alg.init(params, m, jax.random.key(0))
 
   def wire(alive, cut=(False,) * m):
-    ctx = StepContext(alive=jnp.array(alive), keep=jnp.array(cut), isolate=jnp.array(cut))
+    ctx = StepContext(alive=jnp.array(alive), participation=Participation(
+        keep=jnp.array(cut), isolate=jnp.array(cut)))
     return jax.tree.map(np.asarray, step(state, grads, ctx)[1].wire)
 
   got = wire([True, False, True, True])

@@ -27,6 +27,7 @@ from loco import sync_plan
 from loco import timeline as timeline_lib
 from loco import utilization as u
 from loco.engine import StepContext, local_updates
+from loco.participation import Participation
 from loco.wire import ALL_GATHER, ALL_REDUCE, NO_COMM, Wire
 
 # ---------------------------------------------------------------------------
@@ -56,8 +57,8 @@ def _engine(sched: schedule_lib.SyncSchedule):
   wires = []
   for t in range(STEPS):
     keep, isolate, rejoin = (None if x is None else x[t] for x in masks)
-    ctx = StepContext(active=active[t], alive=alive[t], keep=keep, isolate=isolate,
-                      rejoin=rejoin)
+    ctx = StepContext(active=active[t], alive=alive[t], participation=Participation(
+        keep=keep, isolate=isolate, rejoin=rejoin))
     state, info = _STEP(state, state.params - jnp.asarray(TARGETS, jnp.float32), ctx)
     wires.append(jax.tree.map(np.asarray, info.wire))
   momentum = [l for l in jax.tree.leaves(state.outer_state) if np.shape(l) == (M, N)]
@@ -335,8 +336,7 @@ def _run_timeline(mode):
   state = alg.init(jnp.zeros((25,), jnp.float32), 3, jax.random.key(0))
   infos = []
   for t in range(4):
-    state, info = _STEP_3(state, state.params - 1.0,
-                          StepContext(*(None if f is None else f[t] for f in ctx)))
+    state, info = _STEP_3(state, state.params - 1.0, jax.tree.map(lambda x: x[t], ctx))
     infos.append(jax.tree.map(np.asarray, info))
   tl.advance(0, jax.tree.map(lambda *xs: np.stack(xs), *infos))
   return infos, tl
@@ -385,7 +385,8 @@ def test_a_catch_up_beside_an_isolated_worker_downloads_only_its_excess():
   ones = np.ones(4, bool)
   alive = np.array([1, 1, 1, 0], bool)
   state, info = jax.jit(alg.step)(state, state.params - 1.0, StepContext(
-      active=ones, alive=alive, keep=ones, isolate=ones, rejoin=np.array([0, 0, 1, 0], bool)))
+      active=ones, alive=alive, participation=Participation(
+          keep=ones, isolate=ones, rejoin=np.array([0, 0, 1, 0], bool))))
   wire = jax.tree.map(np.asarray, info.wire)
   np.testing.assert_allclose(wire.sent, [4 / 3 * s + 2 * s, 4 / 3 * s, 4 / 3 * s, 0], rtol=1e-6)
   np.testing.assert_allclose(wire.received, [4 / 3 * s, 4 / 3 * s, 10 / 3 * s, 0], rtol=1e-6)

@@ -23,6 +23,7 @@ from loco import timeline as timeline_lib
 from loco import merge as merge_lib
 from loco.algorithms.diloco import diloco
 from loco.engine import StepContext, local_updates
+from loco.participation import Participation
 from loco.errors import ConfigError
 from loco.wire import Wire
 
@@ -54,9 +55,10 @@ def _run(alive_rounds, mode: str):
     for _ in range(H):
       ctx = StepContext(active=ones, alive=alive_np)
       if mode == 'keep_local':
-        ctx = ctx._replace(keep=ones)
+        ctx = ctx._replace(participation=Participation(keep=ones))
       elif mode == 'offline':
-        ctx = ctx._replace(keep=ones, isolate=ones, rejoin=alive_np & stale)
+        ctx = ctx._replace(participation=Participation(keep=ones, isolate=ones,
+                                                           rejoin=alive_np & stale))
       state, info = step(state, _grads(state.params), ctx)
       infos.append(info)
     stale = ~alive_np
@@ -303,8 +305,8 @@ def test_keep_local_on_a_mesh_equals_one_device():
     active, alive = sched.masks(0, 12)
     keep, isolate, rejoin = sched.dropout_masks(0, 12)
     for t in range(12):
-      ctx = StepContext(active=active[t], alive=alive[t], keep=keep[t], isolate=isolate[t],
-                        rejoin=rejoin[t])
+      ctx = StepContext(active=active[t], alive=alive[t], participation=Participation(
+          keep=keep[t], isolate=isolate[t], rejoin=rejoin[t]))
       state, info = step(state, state.params - targets, ctx)
       sent.append(np.asarray(info.wire.received))
     return jax.device_get(state), np.stack(sent)
@@ -397,8 +399,9 @@ def test_offline_dropout_keeps_one_shared_anchor(name, rounds, seed):
     for _ in range(h):
       grads = jax.tree.map(lambda x: x - targets.reshape((4,) + (1,) * (x.ndim - 1)),
                            state.params)
-      state, _ = step(state, grads, StepContext(active=ones, alive=alive, keep=ones,
-                                                isolate=ones, rejoin=alive & stale))
+      state, _ = step(state, grads, StepContext(
+          active=ones, alive=alive,
+          participation=Participation(keep=ones, isolate=ones, rejoin=alive & stale)))
     stale = ~alive
     for leaf in jax.tree.leaves(state.anchor):
       leaf = np.asarray(leaf)[alive]
