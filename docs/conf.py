@@ -31,6 +31,7 @@ root_doc = 'index'
 exclude_patterns = ['_build', 'reference/_generated_*', '**/.ipynb_checkpoints',
                     'scaling/*.json']
 suppress_warnings = []
+smartquotes = False   # keys and values are shown as typed ('' stays '')
 
 html_theme = 'sphinx_book_theme'
 html_title = f'loco {release}'

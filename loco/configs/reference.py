@@ -104,8 +104,15 @@ def keys() -> list[KeyDoc]:
   return out
 
 
+def _code(text: str) -> str:
+  """A code span in a table cell (only its pipes need escaping)."""
+  return '`' + text.replace('|', r'\|') + '`'
+
+
 def _cell(text: str) -> str:
-  return text.replace('|', r'\|').replace('\n', ' ')
+  for c in '\\|<>':   # a pipe ends a cell; <x> would read as HTML
+    text = text.replace(c, '\\' + c)
+  return text.replace('\n', ' ')
 
 
 def markdown() -> str:
@@ -126,8 +133,8 @@ def markdown() -> str:
     out.append('| key | type | default | range | meaning |')
     out.append('|---|---|---|---|---|')
     for k in rows:
-      rule = f'`{k.rule}`' if k.rule else ''
-      out.append(f'| `{k.key}` | {k.kind} | `{_cell(k.default)}` | {rule} | {_cell(k.doc)} |'
+      rule = _code(k.rule) if k.rule else ''
+      out.append(f'| `{k.key}` | {k.kind} | {_code(k.default)} | {rule} | {_cell(k.doc)} |'
                  if section != 'algorithm' else
                  f'| `{k.key}` | {k.kind} | {_cell(k.default)} | {rule} | {_cell(k.doc)} |')
     out.append('')
