@@ -10,8 +10,6 @@ import sys
 import tomllib
 import zipfile
 
-import pytest
-
 import loco
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,7 +63,6 @@ def test_what_loco_imports_is_declared():
   assert undeclared == [], f'imported by loco but not in pyproject.toml: {undeclared}'
 
 
-@pytest.mark.slow
 def test_the_wheel_and_sdist_build_and_pass_twine_check(tmp_path):
   built = subprocess.run([sys.executable, '-m', 'build', '--no-isolation', '--outdir',
                           str(tmp_path), REPO], capture_output=True, text=True, check=False)
