@@ -22,6 +22,8 @@ Names are imported on first use, so `import loco` stays cheap (no JAX until need
 import importlib
 from typing import Any
 
+__version__ = '0.1.0'   # the distribution loco-sim's version (pyproject.toml reads it)
+
 # name -> (module, attribute); attribute None: the module itself.
 _EXPORTS = {
     'Algorithm': ('loco.engine', 'Algorithm'),

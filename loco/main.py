@@ -88,6 +88,11 @@ def _exit(line: str, code: int) -> None:
   os._exit(code)
 
 
-if __name__ == '__main__':
+def run() -> None:
+  """The `loco-train` console script: the same as `python -m loco.main`."""
   absl_flags.mark_flag_as_required('config')
   app.run(main, flags_parser=flags.parse)
+
+
+if __name__ == '__main__':
+  run()

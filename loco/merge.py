@@ -1,6 +1,6 @@
 """Merge policies: how a fragment's outer step reaches the params (DESIGN §2, §4).
 
-A policy is a value that `engine.local_updates` calls; it owns its state:
+A policy is a value that `engine.local_updates` calls; it owns its state::
 
   init(anchor) -> state              a tuple of float32 trees shaped like the
                                      (worker-stacked) anchor, () for none; the engine

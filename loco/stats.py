@@ -34,7 +34,7 @@ _CLAIMS = ('less', 'greater')
 
 
 def t_critical(df: float, level: float = 0.95) -> float:
-  """The two-sided critical value of Student's t: P(|T_df| <= c) = level.
+  """The two-sided critical value of Student's t: P(abs(T_df) <= c) = level.
 
   Args:
     df: degrees of freedom, > 0; may be fractional (Welch) or inf (the normal).
@@ -335,7 +335,7 @@ def minimum_detectable(sd: float, n: int, level: float = 0.95,
                        power: float = 0.8) -> float:
   """The smallest true mean difference a two-sided paired t test detects with `power`.
 
-  Exact: solves P(|T'| > c) = power for delta, where c = t_critical(n - 1, level) and
+  Exact: solves P(abs(T') > c) = power for delta, where c = t_critical(n - 1, level) and
   T' is noncentral t with n - 1 df and noncentrality delta sqrt(n) / sd. The usual
   approximation (c + t_{power, n-1}) sd / sqrt(n) is close for n >= 10 but optimistic
   at n = 3 (its power there is 0.77, not 0.8).

@@ -195,7 +195,7 @@ class Topology:
 
     E||W x - mean||^2 <= (1 - gap)^2 ||x - mean||^2 for every x, so the gap is
     the guaranteed per-step contraction of the (RMS) distance to consensus.
-    For a fixed symmetric W this is 1 - max_{i>=2} |lambda_i(W)|; for random
+    For a fixed symmetric W this is 1 - max_{i>=2} abs(lambda_i(W)); for random
     matchings W_k^T W_k = W_k, so it is 1 - sqrt(lambda_2(E[W])).
     """
     m = self.num_workers

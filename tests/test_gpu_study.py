@@ -1,13 +1,13 @@
 """launch.gpu_study: the comparison, the page, the caps, what travels and bad input
 (fast); the whole study's dry run through scripts/device/gpu_study.sh (slow)."""
 
-import configparser
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+import tomllib
 
 import pytest
 
@@ -218,11 +218,10 @@ def test_the_shell_command_answers_bad_arguments_in_one_line():
 
 
 def test_what_travels_covers_every_dependency_the_image_lacks():
-  # setup.cfg's run-time dependencies that the GPU image lacks are wheels that travel.
-  cfg = configparser.ConfigParser()
-  cfg.read(os.path.join(ROOT, 'setup.cfg'))
-  needed = {re.split(r'[<>=!~ ;\[]', line.strip())[0].lower()
-            for line in cfg['options']['install_requires'].splitlines() if line.strip()}
+  # pyproject.toml's run-time dependencies that the GPU image lacks are wheels that travel.
+  with open(os.path.join(ROOT, 'pyproject.toml'), 'rb') as f:
+    requires = tomllib.load(f)['project']['dependencies']
+  needed = {re.split(r'[<>=!~ ;\[]', line.strip())[0].lower() for line in requires}
   image = {n.lower() for n in prepare_wheels.IMAGE}
   wheels = {n.lower() for n in prepare_wheels.WHEELS}
   assert needed - image <= wheels, needed - image - wheels

@@ -14,7 +14,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_quickstart_notebook_runs_top_to_bottom(tmp_path, monkeypatch, devices, mesh):
   nbformat = pytest.importorskip('nbformat')
   nbclient = pytest.importorskip('nbclient')
-  monkeypatch.setenv('LOCO_QUICK', '1')
+  monkeypatch.setenv('LOCO_SMOKE', '1')
   monkeypatch.setenv('LOCO_REPO', REPO)
   monkeypatch.setenv('LOCO_DATA_DIR', str(tmp_path / 'tfds'))
   monkeypatch.setenv('JAX_PLATFORMS', 'cpu')

@@ -1,5 +1,7 @@
 """Communication steps: the only code that looks across workers (DESIGN §1, §5).
 
+The modules::
+
   core     WorkerContext, all_reduce_mean, ring_all_reduce_state; each transform's state
            holds a `loco.wire.Wire` (what went over the wire), re-exported here
   gossip   one mixing step over a graph (all-reduce / sparse ppermute / dense), gossip

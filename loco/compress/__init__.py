@@ -11,6 +11,7 @@ they count the bytes that travel and know who sent which coordinate.
 Bits are counted as a real encoder puts them on the wire (DESIGN §5), where each
 concept codes them: values at their width, an index at the width its chunk needs,
 every scale, shift and codebook entry at 32 bits; static Python ints at trace time.
+The modules::
 
   chunking.py   tiles and chunks of the SparseLoCo reference code
   sparsify.py   topk_chunks (SparseLoCo/DeMo tiles), topk_global, random_k

@@ -27,14 +27,14 @@ def get_config() -> config_dict.ConfigDict:
   c.model.preset = 'tiny'           # nano | micro | tiny | 60m | 150m | 400m | 1b (loco/model.py)
   c.model.vocab_size = placeholder(int)   # None: the tokenizer's vocabulary size
   c.model.d_model = placeholder(int)      # None fields below: the preset's value
-  c.model.num_layers = placeholder(int)
-  c.model.num_heads = placeholder(int)
-  c.model.d_ff = placeholder(int)
-  c.model.max_seq_len = placeholder(int)
+  c.model.num_layers = placeholder(int)   # transformer blocks
+  c.model.num_heads = placeholder(int)    # attention heads (d_model divisible by it)
+  c.model.d_ff = placeholder(int)         # hidden width of each MLP
+  c.model.max_seq_len = placeholder(int)  # longest sequence the model takes (>= seq_len)
   c.model.mlp = placeholder(str)          # gelu | swiglu
-  c.model.qk_norm = placeholder(bool)
-  c.model.z_loss = placeholder(float)
-  c.model.tie_embeddings = placeholder(bool)
+  c.model.qk_norm = placeholder(bool)     # normalize queries and keys before attention
+  c.model.z_loss = placeholder(float)     # weight of the squared log-partition term of the loss
+  c.model.tie_embeddings = placeholder(bool)  # the output head reuses the input embedding
   c.model.dtype = placeholder(str)        # float32 | bfloat16 compute dtype
 
   c.data = config_dict.ConfigDict()
@@ -43,8 +43,8 @@ def get_config() -> config_dict.ConfigDict:
   c.data.data_dir = ''              # '' -> $LOCO_DATA_DIR or ~/.cache/loco/tfds
   c.data.text_glob = ''             # files to train on when source == 'text'
   c.data.text_key = 'text'          # the text feature of a TFDS dataset, column of an HF one
-  c.data.train_split = 'train'
-  c.data.eval_split = 'validation'
+  c.data.train_split = 'train'      # the split the workers train on
+  c.data.eval_split = 'validation'  # the split evaluations read
   c.data.tokenizer = 'bytes'        # bytes | sentencepiece | hf (pip install -e '.[hf]')
   c.data.sp_model = ''              # SentencePiece .model path (tokenizer == sentencepiece)
   c.data.hf_tokenizer = ''          # tokenizer == hf: a tokenizer.json (the tokenizers library's)
@@ -82,7 +82,7 @@ def get_config() -> config_dict.ConfigDict:
   c.optimizer.final_lr_frac = 0.1   # cosine ends at lr * final_lr_frac
   c.optimizer.b1 = 0.9              # Adam b1; Muon's and SGD's momentum
   c.optimizer.b2 = 0.95             # Adam b2 (Muon: its Adam fallback)
-  c.optimizer.eps = 1e-8
+  c.optimizer.eps = 1e-8            # Adam epsilon (its Muon fallback too)
   c.optimizer.weight_decay = 0.1    # decoupled weight decay on matrices
   c.optimizer.clip_norm = 1.0       # per-worker global-norm clipping; 0 disables
 

@@ -30,7 +30,7 @@ LIMIT = 64 * 2 ** 20   # bytes that travel with one call: the working tree and .
 IMAGE = ('absl-py', 'attrs', 'chex', 'cloudpickle', 'etils', 'flax', 'fsspec', 'jax',
          'jaxlib', 'matplotlib', 'ml-dtypes', 'msgpack', 'numpy', 'optax',
          'orbax-checkpoint', 'protobuf', 'psutil', 'pyarrow', 'pyyaml', 'requests',
-         'sentencepiece', 'simplejson', 'six', 'tensorstore', 'toolz', 'tqdm',
+         'scipy', 'sentencepiece', 'simplejson', 'six', 'tensorstore', 'toolz', 'tqdm',
          'typing-extensions', 'wrapt', 'zipp')
 
 WHEELS = {   # pip name -> (version, who imports it)
