@@ -39,6 +39,7 @@ import orbax.checkpoint as ocp
 
 from loco.errors import CheckpointError, ConfigError
 from loco import runs
+from loco import storage
 from loco.runs import CHECKPOINTS
 
 # The leaves of a state that hold a model (the workers' params and anchors), by path.
@@ -205,6 +206,19 @@ def set_aside_incomplete(directory: str) -> list[str]:
   """Renames step folders that are not committed checkpoints to `<step>.incomplete`, so
   that orbax neither resumes from nor overwrites them; returns the folders renamed."""
   moved = []
+  if storage.is_url(directory):
+    # Object storage has no rename (a copy of every object): an uncommitted step folder
+    # there is removed instead, and named as removed.
+    try:
+      names = storage.listdir(directory)
+    except FileNotFoundError:
+      return moved
+    for name in names:
+      path = storage.join(directory, name)
+      if name.isdigit() and not is_committed(path):
+        storage.rmtree(path)
+        moved.append(path + INCOMPLETE + ' (removed)')
+    return moved
   try:
     names = sorted(os.listdir(directory))
   except FileNotFoundError:
@@ -226,13 +240,14 @@ class Checkpointer:
   def __init__(self, directory: str, keep: int = 2, note=None):
     """`note`: given in the process that owns the workdir, which sets aside step
     folders that are not complete checkpoints and says so through it."""
-    self.directory = os.path.abspath(directory)
+    self.directory = storage.absolute(directory)
+    self._owner = note is not None
     for moved in set_aside_incomplete(self.directory) if note else ():
       note(f'{moved.rsplit(INCOMPLETE, 1)[0]} is not a complete checkpoint (no orbax '
            f'commit marker: an interrupted save or copy); set aside as {moved}.')
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                            enable_async_checkpointing=True)
-    self._manager = ocp.CheckpointManager(self.directory, options=options,
+    self._manager = ocp.CheckpointManager(storage.native(self.directory), options=options,
                                           item_names=ITEMS)
 
   def latest_step(self) -> int | None:
@@ -248,6 +263,8 @@ class Checkpointer:
     one (still in flight) failed; the last committed checkpoint stays as it was.
     """
     with self._saving():
+      if self._owner:    # a URL workdir's run files reach it before the checkpoint
+        storage.push_before_checkpoint(self.directory)
       self._manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave(named(jax.tree.map(_stored, state))),
           data=ocp.args.JsonSave(data_state),
@@ -279,7 +296,7 @@ class Checkpointer:
 
   def restore(self, step: int, like: PyTree) -> tuple[PyTree, dict, dict]:
     """Restores checkpoint `step` into the structure (and shardings) of `like`."""
-    path = os.path.join(self.directory, str(step))
+    path = storage.join(self.directory, str(step))
     abstract = named(jax.tree.map(_abstract, like))
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(

@@ -19,6 +19,7 @@ from loco import data as data_lib
 from loco import model as model_lib
 from loco import network as network_lib
 from loco import optim
+from loco import placement as placement_lib
 from loco import workdir as workdir_lib
 from loco.engine import Algorithm
 from loco.errors import ConfigError
@@ -45,6 +46,7 @@ class RunConfig:
   checkpoint_keep: int
   mesh_workers: int
   mesh_fsdp: int
+  mesh_slices: int
   grad_mode: str
   progress: bool
   init_from: str = ''
@@ -52,7 +54,8 @@ class RunConfig:
 
   def __post_init__(self):
     for key in ('num_workers', 'steps', 'batch_per_worker', 'seq_len', 'log_every',
-                'eval_batches', 'eval_batch_size', 'mesh_workers', 'mesh_fsdp'):
+                'eval_batches', 'eval_batch_size', 'mesh_workers', 'mesh_fsdp',
+                'mesh_slices'):
       if getattr(self, key) < 1:
         raise ConfigError(f'{_config_key(key)} must be >= 1, got {getattr(self, key)}.')
     if self.init_inner_state not in INNER_STATES:
@@ -102,7 +105,8 @@ def parse_config(config: ml_collections.ConfigDict) -> Experiment:
       eval_every=c.eval.every, eval_batches=c.eval.batches,
       eval_batch_size=c.eval.batch_size, eval_per_worker=c.eval.per_worker,
       checkpoint_every=c.checkpoint.every, checkpoint_keep=c.checkpoint.keep,
-      mesh_workers=c.mesh.workers, mesh_fsdp=c.mesh.fsdp, grad_mode=c.grad_mode,
+      mesh_workers=c.mesh.workers, mesh_fsdp=c.mesh.fsdp,
+      mesh_slices=c.mesh.slices, grad_mode=c.grad_mode,
       progress=c.progress, init_from=c.init_from, init_inner_state=c.init_inner_state)
   data = data_lib.DataConfig(**c.data)
   model_overrides = _set(c.model)
@@ -188,6 +192,9 @@ def header(exp: Experiment, workdir: str, start: int, total: int) -> list[str]:
            f'layers, d_model {m.d_model})']
   settings = algorithms.settings_of(exp.algorithm_name, exp.algorithm_kwargs)
   lines += _wrapped('algorithm', [f'{k}={v}' for k, v in settings.items() if v is not None])
+  if devices > 1:
+    lines += _wrapped('mesh', placement_lib.arrange(r.mesh_workers, r.mesh_fsdp,
+                                                r.mesh_slices)[1].split())
   i = exp.inner
   lines += _wrapped('inner', [i.name] + [f'{k}={getattr(i, k):g}' for k in (
       'lr', 'warmup_steps', 'decay_steps', 'final_lr_frac', 'weight_decay', 'clip_norm')])

@@ -15,7 +15,7 @@ import functools
 from typing import Any
 
 import jax
-from jax.experimental import multihost_utils
+from jax.experimental import mesh_utils, multihost_utils
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -27,9 +27,70 @@ PyTree = Any
 FSDP = 'fsdp'   # the mesh axis each worker's state and batch are sharded over
 
 
-def make_mesh(num_devices: int, num_workers: int, fsdp: int = 1) -> Mesh | None:
+def _slice_of(device) -> int | None:
+  return getattr(device, 'slice_index', None)
+
+
+@functools.cache    # asked by the mesh and by the run's header
+def arrange(num_devices: int, fsdp: int = 1, slices: int = 1) -> tuple[np.ndarray, str]:
+  """The first `num_devices * fsdp` devices as a `num_devices` x `fsdp` array in the
+  interconnect's order, and a sentence saying how they were chosen.
+
+  One slice: `mesh_utils.create_device_mesh` (on TPUs the torus order; devices without
+  known coordinates, CPU or most GPUs, keep their listing order). Several slices: the
+  "workers" rows are split into `slices` groups, each one slice's devices, so that only
+  the worker axis crosses the data-centre network and each fsdp row stays inside a slice
+  (`mesh_utils.create_hybrid_device_mesh` when the devices carry `slice_index`; devices
+  without it, simulated ones, are split into `slices` equal groups in listing order, each
+  arranged by `create_device_mesh`: the same layout by an explicit reshape).
+  """
+  n = num_devices * fsdp
+  devices = jax.devices()[:n]
+  platform, model = devices[0].platform, devices[0].device_kind
+  kind = platform if model.lower() == platform else f'{platform} {model}'
+  if slices == 1:
+    arranged = mesh_utils.create_device_mesh((num_devices, fsdp), devices)
+    listed = np.array(devices).reshape(num_devices, fsdp)
+    how = ('create_device_mesh: the interconnect\'s order of ' + kind
+           if (arranged != listed).any() else
+           f'create_device_mesh: listing order ({kind} devices carry no topology it reads)')
+    return arranged, f'one slice, {how}'
+  if num_devices % slices:
+    raise ConfigError(f'mesh.workers={num_devices} must be divisible by mesh.slices={slices}: '
+                      'each slice holds whole rows of the worker axis.')
+  per_slice = (num_devices // slices, fsdp)
+  known = sorted({_slice_of(d) for d in devices} - {None})
+  if len(known) == slices and all(_slice_of(d) is not None for d in devices):
+    arranged = mesh_utils.create_hybrid_device_mesh(per_slice, (slices, 1), devices)
+    return arranged, (f'{slices} slices, create_hybrid_device_mesh: workers across slices '
+                      f'(data-centre network), {per_slice[0]} x {fsdp} inside each ({kind})')
+  if known:
+    raise ConfigError(f'mesh.slices={slices} but the {n} devices of the mesh belong to '
+                      f'{len(known)} slices; set mesh.slices={len(known)}.')
+  groups = np.array(devices).reshape(slices, -1)
+  arranged = np.concatenate([mesh_utils.create_device_mesh(per_slice, list(g))
+                             for g in groups])
+  return arranged, (f'{slices} simulated slices of {n // slices} devices (listing order; '
+                    f'{kind} devices carry no slice_index): workers across slices, '
+                    f'{per_slice[0]} x {fsdp} inside each')
+
+
+def slice_groups(mesh: Mesh, slices: int) -> list[set[int]]:
+  """The positions in `mesh.devices.flat` (an SPMD program's partition ids) of each
+  slice's devices, as `arrange` split them (by `slice_index` where devices carry it)."""
+  flat = list(mesh.devices.flat)
+  if all(_slice_of(d) is not None for d in flat):
+    return [{i for i, d in enumerate(flat) if _slice_of(d) == s}
+            for s in sorted({_slice_of(d) for d in flat})]
+  rows = mesh.devices.reshape(slices, -1)
+  return [{flat.index(d) for d in row} for row in rows]
+
+
+def make_mesh(num_devices: int, num_workers: int, fsdp: int = 1,
+              slices: int = 1) -> Mesh | None:
   """A `num_devices` x `fsdp` mesh of axes ("workers", "fsdp") ("workers" alone when
-  `fsdp` is 1); None for one device.
+  `fsdp` is 1); None for one device. Devices are placed by `arrange` (the topology; with
+  `slices` > 1 the worker axis spans the slices and each fsdp row stays in one).
 
   Worker blocks are spread over "workers"; each worker's state and batch are sharded
   over the `fsdp` devices of its row (its gradients reduced among them).
@@ -43,11 +104,10 @@ def make_mesh(num_devices: int, num_workers: int, fsdp: int = 1) -> Mesh | None:
   if num_workers % num_devices:
     raise ConfigError(f'num_workers={num_workers} must be divisible by '
                       f'mesh.workers={num_devices} to shard the worker axis.')
-  devices = np.array(jax.devices()[:num_devices * fsdp])
+  devices, _ = arrange(num_devices, fsdp, slices)
   if fsdp == 1:
-    return Mesh(devices, (WORKERS,), axis_types=(jax.sharding.AxisType.Auto,))
-  return Mesh(devices.reshape(num_devices, fsdp), (WORKERS, FSDP),
-              axis_types=(jax.sharding.AxisType.Auto,) * 2)
+    return Mesh(devices.reshape(-1), (WORKERS,), axis_types=(jax.sharding.AxisType.Auto,))
+  return Mesh(devices, (WORKERS, FSDP), axis_types=(jax.sharding.AxisType.Auto,) * 2)
 
 
 def _fsdp_dim(shape: tuple[int, ...], size: int) -> int | None:
@@ -182,9 +242,10 @@ class Placement:
 
   @classmethod
   def make(cls, mesh_workers: int, num_workers: int, fsdp: int,
-           batch_per_worker: int) -> 'Placement':
-    """The placement of a `mesh_workers` x `fsdp` mesh (`make_mesh`)."""
-    return cls(make_mesh(mesh_workers, num_workers, fsdp), num_workers, batch_per_worker)
+           batch_per_worker: int, slices: int = 1) -> 'Placement':
+    """The placement of a `mesh_workers` x `fsdp` mesh over `slices` (`make_mesh`)."""
+    return cls(make_mesh(mesh_workers, num_workers, fsdp, slices), num_workers,
+               batch_per_worker)
 
   def batches(self, steps: int, seq_len: int) -> jax.ShapeDtypeStruct:
     """The shape, dtype and sharding of a chunk's [steps, M, B, seq_len + 1] tokens."""

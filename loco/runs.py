@@ -33,6 +33,7 @@ import os
 import tempfile
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
+from loco import storage
 from loco import wire as wire_lib
 from loco.errors import RunFileError
 
@@ -297,6 +298,9 @@ def read_error_line(workdir: str) -> str | None:
 def is_committed(step_dir: str) -> bool:
   """Whether a `checkpoints/<step>/` folder holds orbax's commit marker: an empty or
   partial folder (an interrupted save or copy) does not."""
+  if storage.is_url(storage.native(step_dir)):   # no rename: orbax writes in place, marker last
+    return storage.isfile(storage.join(step_dir, _COMMIT_MARKERS[0]))
+  step_dir = storage.native(step_dir)
   return any(os.path.isfile(os.path.join(step_dir, marker)) for marker in _COMMIT_MARKERS)
 
 
@@ -304,13 +308,13 @@ def committed_in(directory: str) -> list[int]:
   """The committed steps of a checkpoints folder, sorted (in-flight
   `<step>.orbax-checkpoint-tmp-*` folders and bare step folders are not checkpoints)."""
   try:
-    names = os.listdir(directory)
+    names = storage.listdir(directory) if storage.is_url(directory) else os.listdir(directory)
   except (FileNotFoundError, NotADirectoryError):
     return []
   except OSError as e:
     raise RunFileError(f'{directory} cannot be read: {e.strerror or e}.') from None
   return sorted(int(n) for n in names
-                if n.isdigit() and is_committed(os.path.join(directory, n)))
+                if n.isdigit() and is_committed(storage.join(directory, n)))
 
 
 def committed_steps(workdir: str) -> list[int]:

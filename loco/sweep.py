@@ -39,7 +39,12 @@ While runs train, the sweep shows each one's progress, read from its metrics.jso
 lines are redrawn in place below the start and finish lines; elsewhere (a log, a pipe)
 they are printed every `--progress_every` seconds (default 30; 0: none).
 
-Runs execute `--parallel` at a time on this machine. On a CPU each run already uses
+`--launcher=slurm` submits each run (or batch) as a SLURM job through submitit instead
+(`--slurm=KEY=VALUE`: partition, timeout_min, nodes, tasks_per_node, gpus_per_node, ...;
+`loco.slurm`), with the same plans, statuses, logs, resume and batching; the sweep waits
+for its jobs. `--launcher=submitit_local` runs those jobs on this machine.
+
+Runs execute `--parallel` at a time on this machine (or as jobs at once). On a CPU each run already uses
 every core, so `--parallel=1` is the fastest there; use more on a many-core host.
 
 `--batch_runs=N` trains up to N runs that differ only in seed and the run knobs (inner
@@ -70,6 +75,7 @@ from loco import configs
 from loco import progress as progress_lib
 from loco import report as report_lib
 from loco import runs as runs_lib
+from loco import slurm as slurm_lib
 from loco.errors import LocoError, UsageError
 from loco.metrics import duration
 from loco.runs import LOG, STATUS, SWEEP, read_status  # noqa: F401  (older imports)
@@ -386,7 +392,8 @@ class _Active:
   """A launched process training one run (`loco.main`) or a batch (`loco.batched`): its
   runs' log files and statuses."""
 
-  def __init__(self, runs: Sequence[Run], cmds: Mapping[str, list[str]], out: str):
+  def __init__(self, runs: Sequence[Run], cmds: Mapping[str, list[str]], out: str,
+               launcher: 'slurm_lib.Launcher | None' = None):
     self.runs = list(runs)
     self.workdirs = {r.name: os.path.join(out, r.name) for r in runs}
     self.results = self.batch_log = None
@@ -423,12 +430,18 @@ class _Active:
                 f'{how}: {" ".join(proc_cmd)}\n')
       log.flush()
       self.logs[r.name] = log
-    out_file = (self.logs[runs[0].name] if len(runs) == 1
-                else open(self.batch_log, 'w'))
-    self.proc = subprocess.Popen(proc_cmd, stdout=out_file, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
-    if len(runs) > 1:
-      out_file.close()
+    if launcher is not None:    # a job writes its output itself (a shared filesystem)
+      if len(runs) > 1:
+        open(self.batch_log, 'w').close()
+      self.proc = launcher.start(proc_cmd, self.batch_log or os.path.join(
+          self.workdirs[runs[0].name], LOG), runs[0].name)
+    else:
+      out_file = (self.logs[runs[0].name] if len(runs) == 1
+                  else open(self.batch_log, 'w'))
+      self.proc = subprocess.Popen(proc_cmd, stdout=out_file, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+      if len(runs) > 1:
+        out_file.close()
     for r in runs:
       self.status[r.name]['pid'] = self.proc.pid
       write_json(os.path.join(self.workdirs[r.name], STATUS), self.status[r.name])
@@ -508,7 +521,8 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
               extra: dict[str, Any] | None = None, retry_failed: bool = False,
               dry_run: bool = False, spec: str | None = None, report: bool = True,
               stream=None, retimes: dict[str, dict[str, Any]] | None = None,
-              batch_runs: int = 1, progress_every: float = PROGRESS_EVERY) -> int:
+              batch_runs: int = 1, progress_every: float = PROGRESS_EVERY,
+              launcher: str = 'local', slurm: dict[str, Any] | None = None) -> int:
   """Runs (or resumes) a sweep in `out`; returns the exit code (0: all finished).
 
   Args:
@@ -529,6 +543,9 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
     progress_every: off a terminal, print each running run's progress line (step,
       loss, ETA) every this many seconds; on a terminal the lines are redrawn in place;
       0: no progress lines.
+    launcher: 'local' (processes here), 'slurm' or 'submitit_local' (jobs through
+      submitit: `loco.slurm`).
+    slurm: submitit parameters of every job (`loco.slurm.parse_options`).
 
   Returns:
     0 if every run finished (and every re-timing worked), 1 if one failed or a dry run
@@ -561,6 +578,8 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
   except OSError:
     raise SweepError(f'another loco.sweep is running in {out}.') from None
+  jobs = (None if launcher == 'local' else
+          slurm_lib.Launcher(launcher, os.path.join(out, slurm_lib.SUBMITIT), slurm))
   write_json(os.path.join(out, SWEEP), dict(
       spec=spec, extra=extra or {}, retimes=retimes,
       runs=[dict(name=r.name, config=r.config, overrides=r.overrides, command=cmds[r.name])
@@ -582,7 +601,7 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
     while todo or active:
       while todo and len(active) < parallel:
         group = todo.pop(0)
-        active.append(_Active(group, cmds, out))
+        active.append(_Active(group, cmds, out, jobs))
         for r in group:
           following[r.name] = progress_lib.Follower(os.path.join(out, r.name), time.time())
           how = f' (batch of {len(group)})' if len(group) > 1 else ''
@@ -739,6 +758,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                       metavar='S', help='off a terminal, a progress line per running run '
                       f'every S seconds (default {PROGRESS_EVERY:g}; 0: none); on a '
                       'terminal the lines update in place')
+  parser.add_argument('--launcher', choices=slurm_lib.LAUNCHERS, default='local',
+                      help='local: processes here (default); slurm: a SLURM job per run '
+                      'through submitit; submitit_local: those jobs on this machine')
+  parser.add_argument('--slurm', action='append', default=[], metavar='KEY=VALUE',
+                      help='a submitit parameter of every job (partition=gpu, '
+                      'timeout_min=600, nodes=2, tasks_per_node=1, gpus_per_node=8; '
+                      'repeatable)')
   parser.add_argument('--retry_failed', action='store_true', help='re-run failed runs')
   parser.add_argument('--dry_run', action='store_true',
                       help='print the plan and check the configs; run nothing')
@@ -756,7 +782,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                      retry_failed=args.retry_failed, dry_run=args.dry_run,
                      spec=args.spec, report=not args.no_report,
                      retimes=load_retimes(args.spec), batch_runs=args.batch_runs,
-                     progress_every=args.progress_every)
+                     progress_every=args.progress_every, launcher=args.launcher,
+                     slurm=slurm_lib.parse_options(args.slurm))
 
   return cli.run(PROG, body)
 

@@ -62,7 +62,8 @@ def run(config: ml_collections.ConfigDict, workdir: str, *,
   clock = _Phases(timings)
   exp = experiment_lib.parse_config(config)
   r = exp.run
-  placement = Placement.make(r.mesh_workers, r.num_workers, r.mesh_fsdp, r.batch_per_worker)
+  placement = Placement.make(r.mesh_workers, r.num_workers, r.mesh_fsdp, r.batch_per_worker,
+                             r.mesh_slices)
   algorithm = experiment_lib.build_algorithm(exp, placement.mesh)
   clock.lap('config')
   is_main = jax.process_index() == 0

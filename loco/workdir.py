@@ -4,6 +4,10 @@
   runs/x/config.json     the config the checkpoints were trained with
   runs/x/diverged.json   written when the run diverged: step, loss, message
 
+A workdir may be a URL on object storage (`gs://bucket/runs/x`): its checkpoints are
+written there, its run files in a local mirror copied there before each checkpoint and
+at the end, and a lease file takes the lock's place (`loco.storage`).
+
 A resumed run must mean the same as the run that wrote the checkpoints: every config
 key but the ones in `MAY_CHANGE` (how the run is executed or logged, not what it
 computes) must be equal, and `steps` may only grow.
@@ -15,11 +19,13 @@ import fcntl
 import json
 import os
 import shutil
+import sys
 from typing import Any
 
 from loco.errors import WorkdirError
 from loco.metrics import read_metrics
 from loco import runs as runs_lib
+from loco import storage
 from loco.runs import CONFIG, DIVERGED, LOCK  # noqa: F401  (the names live in loco.runs)
 
 # Keys (or prefixes ending in '.') whose change does not alter what a run computes.
@@ -66,12 +72,18 @@ class Workdir:
   """
 
   def __init__(self, path: str, lock: bool = True):
-    self.path = path
+    # A URL workdir: `url` where it lives, `path` its local mirror (loco.storage).
+    self.url = storage.absolute(path) if storage.is_url(path) else None
+    self.path = storage.staging(path) if self.url else path
     self._lock = lock
     self._lock_file = None
     self._created = False
+    self._lease = None
+    self._mirror = None
 
   def __enter__(self) -> Workdir:
+    if self.url:
+      return self._enter_url()
     if os.path.exists(self.path) and not os.path.isdir(self.path):
       raise WorkdirError(f'the workdir {self.path} is a file, not a directory; pick '
                          'another --workdir.')
@@ -85,6 +97,56 @@ class Workdir:
       self._remove_if_created()
       raise WorkdirError(f'cannot use the workdir {self.path}: {e.strerror or e}.') from e
     return self
+
+  def _enter_url(self) -> Workdir:
+    try:
+      if self._lock:
+        lease = storage.Lease(self.url)
+        lease.take()
+        self._lease = lease
+      os.makedirs(self.path, exist_ok=True)
+      pulled = storage.pull(self.url, self.path)
+      self._mirror = storage.Mirror(self.path, self.url)
+      self._mirror.mark_synced()
+    except WorkdirError:
+      raise
+    except Exception as e:  # pylint: disable=broad-except  (each filesystem raises its own)
+      self._release()
+      first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+      raise WorkdirError(f'cannot use the workdir {self.url}: {first}.') from None
+    if self._lock:
+      storage.register(self._mirror)
+      print(f'loco: note: workdir {self.url}: checkpoints there; run files in {self.path}, '
+            f'copied there before each checkpoint and at the end'
+            f'{f" ({len(pulled)} pulled from it)" if pulled else ""}.',
+            file=sys.stderr, flush=True)
+    return self
+
+  def _release(self) -> None:
+    if self._mirror is not None:
+      storage.unregister(self.url)
+    if self._lease is not None:
+      self._lease.release()
+      self._lease = None
+
+  def _exit_url(self, exc_type) -> None:
+    try:
+      if self._lock and self._mirror is not None:
+        self._mirror.push()
+    except Exception as e:  # pylint: disable=broad-except
+      if exc_type is None:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise WorkdirError(f'copying the run files to {self.url} failed ({first}); they '
+                           f'are in {self.path}.') from None
+    finally:
+      self._release()
+
+  def file(self, name: str) -> str:
+    """A file or folder of the run: checkpoints at the URL of a URL workdir, the rest
+    (run files) in its local mirror."""
+    if self.url and name == runs_lib.CHECKPOINTS:
+      return storage.join(self.url, name)
+    return os.path.join(self.path, name)
 
   def _refuse_links(self) -> None:
     """The rule for links: a workdir may itself be a link (it is followed, and the lock
@@ -123,6 +185,9 @@ class Workdir:
     self._lock_file = f
 
   def __exit__(self, exc_type, exc, tb) -> None:
+    if self.url:
+      self._exit_url(exc_type)
+      return
     if exc_type is not None:
       self._remove_if_created()
     if self._lock_file is not None:
@@ -137,9 +202,6 @@ class Workdir:
       shutil.rmtree(self.path, ignore_errors=True)
 
   # What the workdir holds.
-
-  def file(self, name: str) -> str:
-    return os.path.join(self.path, name)
 
   def diverged(self) -> dict[str, Any] | None:
     return read_json(self.file(DIVERGED))

@@ -321,3 +321,97 @@ def test_shard_map_equals_the_one_device_run(name, m):
   np.testing.assert_array_equal(np.stack(got_sent), np.stack(want_sent))
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+# The mesh follows the topology: one slice, and two slices (workers across them).
+
+def _slice_crossings(compiled_text: str, mesh, slices: int) -> dict[tuple[str, str], int]:
+  """{(kind, 'inside' | 'across'): bytes} of a program's collectives over 64 bytes:
+  whether each one's groups stay inside a slice or join devices of several."""
+  from loco import placement
+  where_is = {i: s for s, group in enumerate(placement.slice_groups(mesh, slices))
+              for i in group}
+  out: dict[tuple[str, str], int] = {}
+  for line in compiled_text.splitlines():
+    for kind, size in hlo_lib.collectives(line):
+      if size > 64:
+        crosses = any(len({where_is[i] for i in g}) > 1 for g in _groups(line))
+        key = (kind, 'across' if crosses else 'inside')
+        out[key] = out.get(key, 0) + size
+  return out
+
+
+@pytest.mark.parametrize('slices', [1, 2])
+def test_the_mesh_of_eight_devices_as_one_and_as_two_slices(slices):
+  from loco import placement
+  mesh = placement.make_mesh(4, 4, 2, slices)
+  assert dict(mesh.shape) == {'workers': 4, 'fsdp': 2}
+  how = placement.arrange(4, 2, slices)[1]
+  groups = placement.slice_groups(mesh, slices)
+  assert len(groups) == slices and set().union(*groups) == set(range(8))
+  # Every fsdp row (one worker's devices) lies inside one slice.
+  flat = list(mesh.devices.flat)
+  for row in mesh.devices:
+    assert sum({flat.index(d) for d in row} <= g for g in groups) == 1
+  if slices == 1:
+    assert how.startswith('one slice, create_device_mesh')
+  else:
+    assert how.startswith('2 simulated slices of 4 devices') and 'workers across' in how
+    # Rows 0-1 in the first slice, rows 2-3 in the second.
+    assert groups == [{0, 1, 2, 3}, {4, 5, 6, 7}]
+
+
+def test_mesh_slices_must_divide_the_worker_axis():
+  from loco import placement
+  from loco.errors import ConfigError
+  with pytest.raises(ConfigError, match='mesh.workers=4 must be divisible by mesh.slices=3'):
+    placement.make_mesh(4, 4, 2, 3)
+
+
+def test_on_two_slices_only_worker_collectives_cross_them():
+  """A psum over "workers" and one over "fsdp" on 2 slices of 2 x 2 devices: the
+  compiled program's worker-axis all-reduce joins devices of both slices, the fsdp one
+  stays inside each."""
+  from loco import placement
+  mesh = placement.make_mesh(4, 4, 2, 2)
+  x = jax.device_put(jnp.ones((4, 2, 256)), NamedSharding(mesh, P('workers', 'fsdp')))
+
+  def both(block):
+    return jax.lax.psum(block, 'workers') * 2 + jax.lax.psum(block * 3, 'fsdp')
+
+  f = jax.jit(jax.shard_map(both, mesh=mesh, in_specs=P('workers', 'fsdp'),
+                            out_specs=P('workers', 'fsdp'), check_vma=False))
+  text = f.lower(x).compile().as_text()
+  crossings = _slice_crossings(text, mesh, 2)
+  assert set(crossings) == {('all-reduce', 'across'), ('all-reduce', 'inside')}, crossings
+  np.testing.assert_allclose(np.asarray(f(x)), 4 * 2 + 2 * 3)
+
+
+@pytest.mark.slow
+def test_diloco_on_two_slices_syncs_across_them_and_shards_inside():
+  """DiLoCo's train chunk on 2 simulated slices (4 workers x 2 fsdp): parameters are
+  gathered and gradients reduced inside a slice; the only traffic that crosses the
+  slices is the outer all-reduce of the worker axis."""
+  from loco.configs import default
+  from loco import experiment, placement
+  from loco import step as step_lib
+  c = default.get_config()
+  c.model.preset, c.model.vocab_size = 'nano', 256
+  c.num_workers, c.batch_per_worker, c.seq_len = 4, 4, 32
+  c.algorithm.name, c.algorithm.sync_every = 'diloco', 1
+  c.mesh.workers, c.mesh.fsdp, c.mesh.slices = 4, 2, 2
+  exp = experiment.parse_config(c)
+  mesh = placement.Placement.make(4, 4, 2, 4, slices=2).mesh
+  algorithm = experiment.build_algorithm(exp, mesh)
+  graphdef, _, abstract = step_lib.init_state(exp, algorithm, jax.random.key(0), mesh)
+  chunk = step_lib.make_train_chunk(algorithm, exp.model, graphdef, mesh, 'vmap')
+  batches = jax.ShapeDtypeStruct((1, 4, 4, 33), jnp.int32,
+                                 sharding=placement.steps_sharding(mesh, 4))
+  text = chunk.lower(abstract, batches, None,
+                     jax.ShapeDtypeStruct((1,), jnp.bool_)).compile().as_text()
+  crossings = _slice_crossings(text, mesh, 2)
+  assert ('all-gather', 'inside') in crossings                   # FSDP inside a slice
+  assert {k for k in crossings if k[1] == 'across'} == {('all-reduce', 'across')}, crossings
+  model_bytes = 4 * sum(x.size for x in jax.tree.leaves(abstract.params)) / 4   # one worker
+  # Each device's half of one worker's pseudo-gradient (its fsdp shard) crosses.
+  assert model_bytes / 2 <= crossings['all-reduce', 'across'] <= model_bytes / 2 + 64

@@ -90,6 +90,7 @@ CONSTRAINTS = {
     'checkpoint.keep': '>= 1',
     'mesh.workers': '>= 1',
     'mesh.fsdp': '>= 1',
+    'mesh.slices': '>= 1',
 }
 
 _KINDS = {int: 'an integer', float: 'a number', bool: 'true or false', str: 'a string',

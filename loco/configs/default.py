@@ -171,4 +171,9 @@ def get_config() -> config_dict.ConfigDict:
   c.mesh = config_dict.ConfigDict()
   c.mesh.workers = 1                # devices the worker axis is sharded over; 1: vmap on one device
   c.mesh.fsdp = 1                   # devices each worker's state and batch are sharded over (FSDP)
+  # Slices (TPU slices, GPU islands) the worker axis spans: mesh.workers is split into this
+  # many groups, each inside one slice, so only worker-axis collectives cross the slow
+  # network and each fsdp row stays inside a slice. Devices without a slice_index
+  # (CPU, simulated) are split into equal groups in listing order.
+  c.mesh.slices = 1
   return c
