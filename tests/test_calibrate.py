@@ -12,6 +12,7 @@ from loco import configs
 from loco.configs import default
 from loco import netns
 from loco import network
+from loco import retime
 from loco.errors import ConfigError, LocoError, UsageError
 from loco.wire import ALL_GATHER, ALL_REDUCE, GOSSIP, Wire
 
@@ -118,6 +119,10 @@ def test_the_link_efficiency_key_is_off_by_default_and_range_checked():
       network.parse_network(dict(profile='multi_region', link_efficiency=0.5, regions=3)),
       3, 1.0)
   assert calibrated.bandwidth[0, 1] == 0.5 * network.GBIT   # the inter-region default
+  # A re-timing with the term sits beside the plain one.
+  assert retime.default_name(cfg) == 'homogeneous'
+  assert retime.default_name(network.parse_network(dict(
+      profile='homogeneous', link_efficiency=0.93))) == 'homogeneous,link_efficiency=0.93'
   for bad in (0.0, 1.5):
     with pytest.raises(ConfigError, match=r'network.link_efficiency must be in \(0, 1\]'):
       network.parse_network(dict(profile='homogeneous', link_efficiency=bad))
