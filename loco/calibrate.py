@@ -65,13 +65,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMMON = ('--config.log_every=1', '--config.eval.every=0', '--config.checkpoint.every=0',
           '--config.progress=False', '--config.batch_per_worker=1')
 SYNC_EVERY = 4
-# algorithm: (experiment file, its overrides). Streaming's 4 fragments sync every other
-# step (each arriving tau = 1 step later).
+# algorithm: (experiment file, its overrides). Streaming's 5 fragments (4 blocks and the
+# embedding) sync every other step, each arriving tau = 1 step later.
 CASES = {
     'ddp': ('experiments/tiny_ddp.py', ()),
     'diloco': ('experiments/tiny_diloco.py', (f'--config.algorithm.sync_every={SYNC_EVERY}',)),
     'streaming': ('experiments/tiny_streaming.py',
-                  (f'--config.algorithm.sync_every={2 * SYNC_EVERY}',)),
+                  ('--config.algorithm.sync_every=10',)),
     'sparseloco': ('experiments/tiny_sparseloco.py',
                    (f'--config.algorithm.sync_every={SYNC_EVERY}',)),
     'gasloc': ('experiments/tiny_gasloc.py', (f'--config.algorithm.sync_every={SYNC_EVERY}',)),
