@@ -29,7 +29,9 @@ How the two are made comparable (loco.netns has the namespace's side):
   (DiLoCo with sync_every beyond the run, at the lowest rate) gives those bytes,
   subtracted from each run's.
 - Calibration: the fitted `network.link_efficiency` (loco.network) is the predicted
-  over the measured seconds of all blocking syncs; `--link_efficiency=X` applies a
+  over the measured seconds of the blocking syncs of the runs whose loopback bytes are
+  loco's count plus framing (within BYTES_MATCH: a run that moved more has a byte
+  difference, shown in the table, not a link one); `--link_efficiency=X` applies a
   given one. The table shows the ratio before and after it.
 
 Needs root (a network namespace and tc): without it, one line and exit 1. The load
@@ -80,6 +82,7 @@ BASELINE = 'nosync'   # the coordination baseline: DiLoCo that never syncs in th
 MBIT = 1e6 / 8        # bytes/s in one Mbit/s (tc's mbit)
 LAG = 1               # a row's interval is this many steps after its own (step_times)
 MIN_SYNC_SECONDS = 0.05   # a sync predicted shorter is not given a ratio (noise)
+BYTES_MATCH = 1.1     # runs fitted: loopback bytes within this of loco's (framing)
 
 
 def case_command(algorithm: str, workdir: str, processes: int, steps: int) -> list[str]:
@@ -353,8 +356,9 @@ def calibrate(algorithms: Sequence[str], rates: Sequence[float], out: str, proce
           wall=result['wall']))
     return results
   efficiency = link_efficiency
-  if efficiency is None:
-    efficiency = fit_efficiency([r.comparison for r in build(None)])
+  if efficiency is None:   # a run that moved more bytes than loco counts is not the link's
+    efficiency = fit_efficiency([r.comparison for r in build(None) if r.loco_bytes > 0
+                                 and r.wire_bytes <= BYTES_MATCH * r.loco_bytes])
   return build(efficiency), efficiency
 
 
