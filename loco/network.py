@@ -2,7 +2,10 @@
 
 A `Network` is three arrays (DESIGN §5): each worker's seconds per inner step, and the
 per-link bandwidth (bytes/s) and latency (s) matrices, which a named profile builds from
-a few parameters (`NetworkConfig`; the profiles are tabled in WORKSPACE.md).
+a few parameters (`NetworkConfig`; the profiles are tabled in WORKSPACE.md). A measured
+calibration, `network.link_efficiency` (off by default: 1), scales every link's bandwidth
+to what a collective's payload reaches on a real link (`python -m loco.calibrate`,
+docs/calibration.md).
 
 Time of one communication, from the bytes a step's `StepInfo.wire` reports (a
 `loco.wire.Wire`, as host arrays):
@@ -99,6 +102,7 @@ class NetworkConfig:
   speeds: tuple[float, ...] | None = None
   bandwidth: float = 100 * GBIT
   latency: float = 1e-4
+  link_efficiency: float = 1.0
   regions: int = 2
   inter_bandwidth: float = 1 * GBIT
   inter_latency: float = 0.05
@@ -136,6 +140,9 @@ class NetworkConfig:
     if not 0.0 <= self.straggler_fraction <= 1.0:
       raise ConfigError('network.straggler_fraction must be in [0, 1], got '
                         f'{self.straggler_fraction}.')
+    if not 0.0 < self.link_efficiency <= 1.0:
+      raise ConfigError('network.link_efficiency must be in (0, 1], got '
+                        f'{self.link_efficiency}.')
     if not 0.0 <= self.dropout < 1.0:
       raise ConfigError(f'network.dropout must be in [0, 1), got {self.dropout}.')
     if self.regions < 1:
@@ -270,6 +277,8 @@ def make_network(cfg: NetworkConfig, num_workers: int, step_seconds: float) -> N
     bandwidth = np.asarray(cfg.bandwidth_matrix, float)
     if cfg.latency_matrix is not None:
       latency = np.asarray(cfg.latency_matrix, float)
+  if cfg.link_efficiency != 1.0:    # the calibration term, off (1) by default
+    bandwidth = bandwidth * cfg.link_efficiency
   speeds = np.ones(m) if cfg.speeds is None else np.asarray(cfg.speeds, float)
   if speeds.shape != (m,):
     raise ConfigError(f'network.speeds must have num_workers={m} entries, got '

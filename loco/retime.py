@@ -17,7 +17,7 @@ stragglers, its seed), and the command says which step time it used and where it
 from. Naming network.device_flops or network.mfu times steps by the model's FLOPs (the
 run's step_seconds is then not used). (NAME: the profile unless given; PROFILE+OVERLAP
 with a network.overlap other than 'none', then ',buckets=K' with network.overlap_buckets
-other than 128). `--network.overlap=backward` times each
+other than 128, then ',link_efficiency=X' with the calibration term of loco.calibrate). `--network.overlap=backward` times each
 step's collective overlapped with the step's backward pass, as loco.utilization models
 it (arXiv 2501.18512 section 3.1; network.overlap in loco/configs/default.py). Dropout
 and churn decided which work the run did (comms.jsonl records it), so they stay the
@@ -104,10 +104,14 @@ def check_name(name: Any) -> None:
 def default_name(cfg: network_lib.NetworkConfig) -> str:
   """A re-timing's directory name when none is given: the profile, and the overlap
   model unless it is 'none' (so re-timings with and without it sit side by side)."""
-  if cfg.clock_overlap == 'none':
-    return cfg.profile
-  name = f'{cfg.profile}+{cfg.clock_overlap}'
-  return name if cfg.overlap_buckets == utilization_lib.BUCKETS else f'{name},buckets={cfg.overlap_buckets}'
+  name = cfg.profile
+  if cfg.clock_overlap != 'none':
+    name = f'{cfg.profile}+{cfg.clock_overlap}'
+    if cfg.overlap_buckets != utilization_lib.BUCKETS:
+      name = f'{name},buckets={cfg.overlap_buckets}'
+  if cfg.link_efficiency != 1.0:
+    name = f'{name},link_efficiency={cfg.link_efficiency:g}'
+  return name
 
 
 def _need(stored: dict[str, Any], path: str, workdir: str) -> Any:

@@ -74,6 +74,7 @@ CONSTRAINTS = {
     'network.mfu': 'in (0, 1]',
     'network.bandwidth': 'positive',
     'network.latency': '>= 0',
+    'network.link_efficiency': 'in (0, 1]',
     'network.regions': '>= 1',
     'network.inter_bandwidth': 'positive',
     'network.inter_latency': '>= 0',

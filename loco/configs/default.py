@@ -116,6 +116,9 @@ def get_config() -> config_dict.ConfigDict:
   c.network.speeds = placeholder(list)         # per-worker relative compute speeds (1: nominal)
   c.network.bandwidth = placeholder(float)     # bytes/s of every link (inside a region): 12.5e9
   c.network.latency = placeholder(float)       # seconds per hop (1e-4)
+  c.network.link_efficiency = placeholder(float)  # calibration, off by default (None: 1): the
+  #   fraction of every link's bandwidth a collective's payload reaches (framing, the
+  #   collective library); measured by python -m loco.calibrate (docs/calibration.md)
   c.network.regions = placeholder(int)         # multi_region: regions (contiguous worker blocks)
   c.network.inter_bandwidth = placeholder(float)  # multi_region: bytes/s between regions
   c.network.inter_latency = placeholder(float)    # multi_region: seconds between regions
