@@ -3,12 +3,14 @@
 The stable surface (everything else is internal and may move):
 
   the contract      Algorithm, LocoState, StepContext, StepInfo, local_updates, and its
-                    policies as values: the modules sync_plan and merge
+                    policies as values: the modules sync_plan and merge, and a tick's
+                    Participation (who takes part in a sync, and how)
   algorithms        REGISTRY, make_algorithm, register_algorithm, AlgorithmSpec; the
                     modules comm, compress, topology, optim
   the model         ModelConfig, model_config, init_params, loss_fn
   data              DataConfig, make_train_iterator, make_eval_windows
-  runs              train (train.run(config, workdir)), evaluate_run, read_run
+  runs              train (train.run(config, workdir); train.run_many for runs of one
+                    shape as one program), evaluate_run, read_run
   measurement       stats, study, utilization (the compute-utilization model)
 
   import loco
@@ -30,6 +32,7 @@ _EXPORTS = {
     'LocoState': ('loco.engine', 'LocoState'),
     'StepContext': ('loco.engine', 'StepContext'),
     'StepInfo': ('loco.engine', 'StepInfo'),
+    'Participation': ('loco.participation', 'Participation'),
     'local_updates': ('loco.engine', 'local_updates'),
     'sync_plan': ('loco.sync_plan', None),
     'merge': ('loco.merge', None),

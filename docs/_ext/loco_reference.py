@@ -40,8 +40,8 @@ COMMANDS = [
 ]
 
 API_GROUPS = [
-    ('The contract', ['Algorithm', 'LocoState', 'StepContext', 'StepInfo', 'local_updates',
-                      'sync_plan', 'merge']),
+    ('The contract', ['Algorithm', 'LocoState', 'StepContext', 'StepInfo', 'Participation',
+                      'local_updates', 'sync_plan', 'merge']),
     ('Algorithms', ['REGISTRY', 'make_algorithm', 'register_algorithm', 'AlgorithmSpec',
                     'comm', 'compress', 'topology', 'optim']),
     ('The model', ['ModelConfig', 'model_config', 'init_params', 'loss_fn']),
