@@ -597,8 +597,8 @@ def _table(claim: Claim, g: Mapping[str, Group], reference: str | None,
       se = '—' if c.eval_se is None else f'{c.eval_se:.4f}'
     b = traffic.get(n, x)
     rows.append(f'| {n} | {x.per_seed()} | {x.text()} | {diff} | {se} | '
-                f'{report._bytes(b.bytes_sent)} | {report._bytes(b.bytes_received)} | '
-                f'{report._bytes(b.peak_bytes)} |')
+                f'{report.human_bytes(b.bytes_sent)} | {report.human_bytes(b.bytes_received)} | '
+                f'{report.human_bytes(b.peak_bytes)} |')
   return rows
 
 

@@ -20,7 +20,7 @@ import math
 import os
 import signal
 import sys
-from typing import Callable, NoReturn
+from typing import Callable, NoReturn, Sequence
 
 from loco.errors import LocoError
 
@@ -36,6 +36,24 @@ class Parser(argparse.ArgumentParser):
     print(f'{self.prog.removeprefix("python -m ")}: error: {message} (see --help)',
           file=sys.stderr)
     sys.exit(2)
+
+
+def config_overrides(argv: Sequence[str], prog: str) -> tuple[list[str], list[str]]:
+  """Splits loco.main's override form, `--config.KEY=VALUE`, out of a command's `argv`:
+  returns (['KEY=VALUE', ...], the other arguments). Every command that takes settings
+  takes them this way; a `--config.KEY` without `=VALUE` is a usage error (one line)."""
+  overrides, rest = [], []
+  for arg in argv:
+    if arg.startswith('--config.'):
+      key, eq, value = arg.removeprefix('--config.').partition('=')
+      if not eq or not key:
+        print(f'{prog}: error: {arg} takes a value: --config.KEY=VALUE (see --help)',
+              file=sys.stderr)
+        sys.exit(2)
+      overrides.append(f'{key}={value}')
+    else:
+      rest.append(arg)
+  return overrides, rest
 
 
 def positive_int(text: str) -> int:

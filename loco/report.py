@@ -332,9 +332,6 @@ def human_bytes(x) -> str:
   return f'{x:.0f} B'
 
 
-_bytes = human_bytes
-
-
 # What a byte count in metrics.jsonl measures, for ratios that say which they compare.
 BYTES_WHAT = {'bytes_sent': 'bytes sent', 'bytes_received': 'bytes received',
               'peak_bytes': 'peak bytes sent per step'}
@@ -375,14 +372,14 @@ COLUMNS = (
     ('final eval', _loss_se),
     ('best eval', lambda r: _loss(r['best_eval_loss'])),
     ('tokens', lambda r: _int(r['tokens'])),
-    ('bytes sent / worker', lambda r: _bytes(r['bytes_sent'])),
-    ('bytes received / worker', lambda r: _bytes(r['bytes_received'])),
-    ('peak bytes sent / step', lambda r: _bytes(r['peak_bytes'])),
+    ('bytes sent / worker', lambda r: human_bytes(r['bytes_sent'])),
+    ('bytes received / worker', lambda r: human_bytes(r['bytes_received'])),
+    ('peak bytes sent / step', lambda r: human_bytes(r['peak_bytes'])),
     ('sim s', lambda r: _seconds(r['sim_seconds'])),
     ('wall s', lambda r: _int(r['wall_seconds'])),
     ('target: step', lambda r: _int(r['target_step'])),
     ('target: tokens', lambda r: _int(r['target_tokens'])),
-    ('target: bytes sent', lambda r: _bytes(r['target_bytes'])),
+    ('target: bytes sent', lambda r: human_bytes(r['target_bytes'])),
     ('target: sim s', lambda r: _seconds(r['target_sim_seconds'])),
 )
 
@@ -392,8 +389,8 @@ TERMINAL_COLUMNS = (
     ('run', lambda r: r['name']),
     ('status', lambda r: r['state']),
     ('final eval ± SE', _loss_se),
-    ('sent', lambda r: _bytes(r['bytes_sent'])),
-    ('received', lambda r: _bytes(r['bytes_received'])),
+    ('sent', lambda r: human_bytes(r['bytes_sent'])),
+    ('received', lambda r: human_bytes(r['bytes_received'])),
     ('sim s', lambda r: _seconds(r['sim_seconds'])),
     ('target step', lambda r: _int(r['target_step'])),
 )
@@ -465,8 +462,8 @@ def seed_table(groups: Sequence[dict[str, Any]]) -> str:
   lines += [f'| {g["name"]} | {g["n"]} | {", ".join(map(str, g["seeds"]))} | '
             f'{g["final_mean"]:.4f} ± {g["final_std"]:.4f} | '
             f'[{g["final_ci"][0]:.4f}, {g["final_ci"][1]:.4f}] | '
-            f'{g["best_mean"]:.4f} ± {g["best_std"]:.4f} | {_bytes(g["bytes_sent"])} | '
-            f'{_bytes(g.get("bytes_received"))} |'
+            f'{g["best_mean"]:.4f} ± {g["best_std"]:.4f} | {human_bytes(g["bytes_sent"])} | '
+            f'{human_bytes(g.get("bytes_received"))} |'
             for g in groups]
   return '\n'.join(lines)
 
@@ -492,8 +489,8 @@ def seed_text_table(groups: Sequence[dict[str, Any]], width: int = WIDTH) -> str
   cells = [['seeds of', 'n', 'final eval: mean [95% CI]', 'sd', 'sent', 'received']]
   cells += [[g['name'], str(g['n']),
              f'{g["final_mean"]:.4f} [{g["final_ci"][0]:.4f}, {g["final_ci"][1]:.4f}]',
-             f'{g["final_std"]:.4f}', _bytes(g['bytes_sent']),
-             _bytes(g.get('bytes_received'))] for g in groups]
+             f'{g["final_std"]:.4f}', human_bytes(g['bytes_sent']),
+             human_bytes(g.get('bytes_received'))] for g in groups]
   return aligned(cells, left=1, width=width)
 
 

@@ -1,6 +1,9 @@
 """Re-timing a finished synchronous run on another network, without training again.
 
-  python -m loco.retime runs/x --network.profile=PROFILE [--network.KEY=VALUE ...] [--name=NAME]
+  python -m loco.retime runs/x --config.network.profile=PROFILE [--config.network.KEY=VALUE ...]
+                                [--name=NAME]
+
+(`--network.KEY=VALUE` is an alias of `--config.network.KEY=VALUE`.)
 
 replays `network.Clock` over the run's communication log (comms.jsonl, `commlog.replay`)
 on the new network and writes, beside the run:
@@ -227,17 +230,21 @@ def _parse_args(args: list[str]) -> tuple[str, dict[str, str], str | None]:
   workdirs, name, overrides = [], None, {}
   for arg in args:
     key, eq, value = arg.partition('=')
+    key = key.replace('--config.network.', '--network.', 1)
     if key == '--name' and eq:
       name = value
     elif key.startswith('--network.') and eq:
       overrides[key[2:]] = value
+    elif key.startswith('--config.'):
+      raise UsageError(f'{arg}: re-timing sets only network keys '
+                       '(--config.network.KEY=VALUE); the rest of the run is its own.')
     else:
       workdirs.append(arg)
   if len(workdirs) != 1 or workdirs[0].startswith('-'):
-    raise UsageError('takes one WORKDIR, --network.KEY=VALUE ... and --name=NAME; got '
-                     f'{" ".join(workdirs) or "no WORKDIR"}.')
+    raise UsageError('takes one WORKDIR, --config.network.KEY=VALUE ... and --name=NAME; '
+                     f'got {" ".join(workdirs) or "no WORKDIR"}.')
   if 'network.profile' not in overrides:
-    raise UsageError('--network.profile=PROFILE is required (one of '
+    raise UsageError('--config.network.profile=PROFILE is required (one of '
                      f'{", ".join(network_lib.PROFILES)}).')
   return workdirs[0], overrides, name
 

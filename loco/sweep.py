@@ -273,7 +273,7 @@ def with_seeds(runs: Sequence[Run], seeds: int,
     raise SweepError(f'--seeds must be a whole number >= 1, got {seeds!r}.')
   if 'seed' in (extra or {}):
     raise SweepError(f'--seeds={seeds} sets every run\'s seed (0 .. {seeds - 1}); drop '
-                     f'--set=seed={extra["seed"]}.')
+                     f'--config.seed={extra["seed"]}.')
   out = []
   for run in runs:
     if 'seed' in run.overrides:
@@ -286,17 +286,18 @@ def with_seeds(runs: Sequence[Run], seeds: int,
 
 
 def parse_sets(sets: Sequence[str]) -> dict[str, str]:
-  """`['steps=20', 'config.eval.every=10']` -> `{'steps': '20', 'eval.every': '10'}`."""
+  """`['steps=20', 'config.eval.every=10']` -> `{'steps': '20', 'eval.every': '10'}`:
+  the overrides `--config.KEY=VALUE` (or its alias `--set=KEY=VALUE`) gives every run."""
   out = {}
   for item in sets:
     key, eq, value = item.partition('=')
     if not eq or not key:
-      raise SweepError(f'--set takes KEY=VALUE, got {item!r}.')
+      raise SweepError(f'--config.KEY=VALUE takes a key and a value, got {item!r}.')
     key = key.removeprefix('config.')
     try:
       configs.parse_value(key, value)
     except LocoError as e:
-      raise SweepError(f'--set={item}: {e}') from None
+      raise SweepError(f'--config.{key}={value}: {e}') from None
     out[key] = value
   return out
 
@@ -747,7 +748,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('--parallel', type=cli.positive_int, default=1,
                       help='runs at once (default 1)')
   parser.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
-                      help='config override for every run, after its own (repeatable)')
+                      help='the same as --config.KEY=VALUE (an alias kept for older '
+                      'scripts)')
   parser.add_argument('--batch_runs', type=cli.positive_int, default=1,
                       help='train up to N runs that differ only in seed, lr, weight '
                       'decay or outer lr in one process (default 1: each alone)')
@@ -769,12 +771,15 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('--dry_run', action='store_true',
                       help='print the plan and check the configs; run nothing')
   parser.add_argument('--no_report', action='store_true', help='skip report.md and plots')
-  args = parser.parse_args(argv)
+  parser.epilog = ('--config.KEY=VALUE (repeatable): a config override for every run, '
+                   'after its own, as loco.main takes it')
+  overrides, rest = cli.config_overrides(sys.argv[1:] if argv is None else argv, PROG)
+  args = parser.parse_args(rest)
   out = args.out or os.path.join('runs', 'sweeps',
                                  os.path.splitext(os.path.basename(args.spec))[0])
 
   def body() -> int:
-    runs, extra = load_spec(args.spec), parse_sets(args.set)
+    runs, extra = load_spec(args.spec), parse_sets(args.set + overrides)
     if args.seeds is not None:
       runs = with_seeds(runs, args.seeds, extra)
       check_runs(runs)

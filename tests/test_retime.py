@@ -300,7 +300,20 @@ def test_the_overlap_model_hides_communication_behind_the_backward_pass(runs, tm
                       '--network.overlap=backward']) == 0
   assert capsys.readouterr().out.strip().endswith(
       os.path.join(workdir, 'retimed', 'homogeneous+backward'))
+  # loco.main's override form names the same keys (--network.KEY is its alias).
+  with open(os.path.join(workdir, 'retimed', 'homogeneous+backward', 'metrics.jsonl')) as f:
+    alias = f.read()
   shutil.rmtree(os.path.join(workdir, 'retimed'))
+  assert retime.main([workdir, '--config.network.profile=homogeneous',
+                      '--config.network.overlap=backward']) == 0
+  capsys.readouterr()
+  with open(os.path.join(workdir, 'retimed', 'homogeneous+backward', 'metrics.jsonl')) as f:
+    assert f.read() == alias
+  shutil.rmtree(os.path.join(workdir, 'retimed'))
+  assert _error(capsys, workdir, '--config.network.profile=homogeneous',
+                '--config.steps=3') == (
+      '--config.steps=3: re-timing sets only network keys (--config.network.KEY=VALUE); '
+      'the rest of the run is its own.')
   assert _error(capsys, workdir, '--network.profile=homogeneous',
                 '--network.overlap=forward') == (
       "network.overlap must be one of ('none', 'backward') with network.mode='sync', "
@@ -371,7 +384,7 @@ def test_bad_input_is_one_line(runs, tmp_path, capsys):
                 '--network.dropout=0.1').startswith(
       "network.dropout=0.1 differs from the run's 0.4: it decided which work")
   assert _error(capsys, workdir, '--network.bandwidth=1').startswith(
-      '--network.profile=PROFILE is required')
+      '--config.network.profile=PROFILE is required')
   assert _error(capsys, workdir, '--network.profile=homogeneous', '--name=a/b') == (
       "the re-timing name 'a/b' must be letters, digits and _.,=+-.")
   assert _error(capsys, workdir, workdir, '--network.profile=homogeneous').startswith(

@@ -167,7 +167,7 @@ def test_seeds_make_every_run_n_runs_named_by_seed():
     (-2, None, 'got -2'),
     (1.5, None, 'got 1.5'),
     (True, None, 'got True'),
-    (2, {'seed': '3'}, r"^--seeds=2 sets every run's seed \(0 \.\. 1\); drop --set=seed=3\.$"),
+    (2, {'seed': '3'}, r"^--seeds=2 sets every run's seed \(0 \.\. 1\); drop --config.seed=3\.$"),
 ])
 def test_bad_seeds_are_one_clear_error(seeds, extra, match):
   with pytest.raises(SweepError, match=match):
@@ -220,7 +220,7 @@ def test_dry_run_checks_configs_and_starts_nothing(tmp_path, nano_file):
   spec = _spec(tmp_path, f"[Run('ok', {nano_file!r}), Run('typo', {nano_file!r}, "
                          f"{{'optimizr.lr': 1.0}}), Run('type', {nano_file!r}, {{'seed': 'x'}}), "
                          f"Run('none', 'experiments/none.py')]")
-  out = _sweep_cli(spec, f'--out={tmp_path / "out"}', '--dry_run', '--set=steps=3')
+  out = _sweep_cli(spec, f'--out={tmp_path / "out"}', '--dry_run', '--config.steps=3')
   assert out.returncode == 1, out.stderr
   lines = out.stdout.splitlines()
   assert lines[0].split() == ['start', 'ok']
@@ -246,17 +246,25 @@ def test_list_values_from_runs_and_set(tmp_path):
 
 
 def test_set_checks_keys_and_values_before_anything_runs(tmp_path):
-  with pytest.raises(SweepError, match=r'^--set=optimizr.lr=1: unknown config key '
+  with pytest.raises(SweepError, match=r'^--config.optimizr.lr=1: unknown config key '
                                        r'optimizr.lr \(did you mean optimizer.lr\?\)$'):
     sweep.parse_sets(['optimizr.lr=1'])
   with pytest.raises(SweepError, match=r"network.speeds must be a list such as"):
     sweep.parse_sets(['network.speeds=[1,2'])
   spec = _spec(tmp_path, "[Run('a', 'experiments/tiny_ddp.py')]")
-  out = _sweep_cli(spec, f'--out={tmp_path / "out"}', '--set=steps=2.5')
+  out = _sweep_cli(spec, f'--out={tmp_path / "out"}', '--config.steps=2.5')
   assert out.returncode == 2
   assert out.stderr.splitlines() == [
-      "loco.sweep: error: --set=steps=2.5: steps must be an integer, got '2.5'."]
+      "loco.sweep: error: --config.steps=2.5: steps must be an integer, got '2.5'."]
   assert not os.path.exists(tmp_path / 'out')
+  # --set is an alias of --config.KEY=VALUE; a key without a value is one line.
+  out = _sweep_cli(spec, f'--out={tmp_path / "out"}', '--set=steps=2.5')
+  assert out.stderr.splitlines() == [
+      "loco.sweep: error: --config.steps=2.5: steps must be an integer, got '2.5'."]
+  out = _sweep_cli(spec, f'--out={tmp_path / "out"}', '--config.steps')
+  assert out.returncode == 2
+  assert out.stderr.splitlines() == [
+      'loco.sweep: error: --config.steps takes a value: --config.KEY=VALUE (see --help)']
 
 
 def test_the_sweep_specs_load_and_every_config_parses():

@@ -6,7 +6,7 @@ Expected: about 17 minutes on 2 CPU cores (4 runs, --parallel=1). Tiny model, 8
 workers, 300 steps; the measured table is WORKSPACE.md's "DDP vs DiLoCo vs Local SGD"
 (DDP 1.976, Local SGD 2.260, DiLoCo 0.7 / 0.9 2.326, DiLoCo 0.7 / 0.5 2.268).
 Measured with the stream layout (before 26 November 2026); not yet re-measured on
-independent-row batches (add --set=data.sampling=stream to reproduce these).
+independent-row batches (add --config.data.sampling=stream to reproduce these).
 """
 
 from launch.sweeps.common import suite

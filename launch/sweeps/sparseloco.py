@@ -6,7 +6,7 @@ Expected: about 13 minutes on 2 CPU cores (3 runs, --parallel=1). Measured resul
 WORKSPACE.md, "SparseLoCo and compressed DiLoCo" (top-64 2.181 with 1.8 MB per worker,
 top-128 2.267, DiLoCo E3M0 2.277); DDP and float32 DiLoCo are in engine.py.
 Measured with the stream layout (before 26 November 2026); not yet re-measured on
-independent-row batches (add --set=data.sampling=stream to reproduce these).
+independent-row batches (add --config.data.sampling=stream to reproduce these).
 """
 
 from launch.sweeps.common import suite
