@@ -247,48 +247,9 @@ def _train(runs: list[_Run], placement: Placement, clock: '_Phases', screen: '_S
   Interrupted."""
   exp, start, total = runs[0].exp, runs[0].start, runs[0].total
   r = exp.run
-  screen.header(start, total)
-  experiment_lib.check_vocabulary(exp)
-  graphdef, init, abstract = step_lib.init_state(exp, runs[0].algorithm,
-                                                 jax.random.key(r.seed), placement.mesh)
   chunk_len = min(r.log_every, total)
-  contexts = None if runs[0].timeline is None else runs[0].timeline.contexts(0, 1)
-  program = _Program(runs, graphdef, abstract, placement, chunk_len, contexts)
-  states, data = [], []
-  for one in runs:
-    key = jax.random.key(one.exp.run.seed)
-    states.append(checkpoint_lib.warm_start(init, key, abstract, r.init_from,
-                                            r.init_inner_state, one.note)
-                  if r.init_from and not start else init(key))
-  screen.say(_phase('set up', clock.lap('init'), 'the model and optimizer state; the '
-                    'train step traced (it compiles in the background)'))
-  for one in runs:
-    train_data, eval_windows = _data(one.exp, placement)
-    data.append(train_data)
-  screen.say(_phase('read data', clock.lap('data'), 'train and eval windows' + (
-      f' (a first run prepares the corpus once, in {_home(exp.data.resolved_data_dir)})'
-      if exp.data.source != 'tfds' else '')))
-
-  for i, (one, train_data) in enumerate(zip(runs, data)):
-    host_state = {}
-    if start:
-      states[i], data_state, host_state = one.checkpointer.restore(start, states[i])
-      train_data.set_state(data_state)
-    if is_main:
-      experiment_lib.write_config_json(one.wd, one.config, one.exp)
-    writer, comm_log = _writers(one.wd, one.config, one.exp, start, is_main, one.note)
-    ledger = ledger_lib.Ledger(
-        num_workers=r.num_workers, sequence_tokens=r.batch_per_worker * r.seq_len,
-        vocab_size=exp.model.vocab_size, timeline=one.timeline, comm_log=comm_log,
-        diverged=functools.partial(_diverged, one.wd, one.checkpointer, is_main))
-    ledger.load_state_dict(host_state)
-    one.books = (writer, comm_log, ledger)
-  states = program.stack(states)
-  seconds = clock.lap('restore')
-  if start:
-    screen.say(_phase('restored', seconds,
-                      f'the state, data position and counters of step {start}'))
-
+  program, states, data, graphdef, eval_windows = _set_up(runs, placement, chunk_len,
+                                                          clock, screen, is_main)
   check_finite = jax.jit(step_lib.all_finite)
   screen.start(start, total)
   evaluate = _evaluator(exp, graphdef, eval_windows, screen.eval_line)
@@ -381,6 +342,56 @@ def _train(runs: list[_Run], placement: Placement, clock: '_Phases', screen: '_S
     if one.state is None:
       one.record = one.books[2].last_record
       one.end('finished')
+
+
+def _set_up(runs: list[_Run], placement: Placement, chunk_len: int, clock: '_Phases',
+            screen: '_Screen', is_main: bool):
+  """The runs' program (compiling in the background), states (restored at a resume),
+  train data, ledgers and writers (`_Run.books`); each phase's seconds on the screen.
+  Returns (program, stacked states, the data iterators, graphdef, eval windows)."""
+  exp, start, total = runs[0].exp, runs[0].start, runs[0].total
+  r = exp.run
+  screen.header(start, total)
+  experiment_lib.check_vocabulary(exp)
+  graphdef, init, abstract = step_lib.init_state(exp, runs[0].algorithm,
+                                                 jax.random.key(r.seed), placement.mesh)
+  contexts = None if runs[0].timeline is None else runs[0].timeline.contexts(0, 1)
+  program = _Program(runs, graphdef, abstract, placement, chunk_len, contexts)
+  states, data = [], []
+  for one in runs:
+    key = jax.random.key(one.exp.run.seed)
+    states.append(checkpoint_lib.warm_start(init, key, abstract, r.init_from,
+                                            r.init_inner_state, one.note)
+                  if r.init_from and not start else init(key))
+  screen.say(_phase('set up', clock.lap('init'), 'the model and optimizer state; the '
+                    'train step traced (it compiles in the background)'))
+  for one in runs:
+    train_data, eval_windows = _data(one.exp, placement)
+    data.append(train_data)
+  screen.say(_phase('read data', clock.lap('data'), 'train and eval windows' + (
+      f' (a first run prepares the corpus once, in {_home(exp.data.resolved_data_dir)})'
+      if exp.data.source != 'tfds' else '')))
+
+  for i, (one, train_data) in enumerate(zip(runs, data)):
+    host_state = {}
+    if start:
+      states[i], data_state, host_state = one.checkpointer.restore(start, states[i])
+      train_data.set_state(data_state)
+    if is_main:
+      experiment_lib.write_config_json(one.wd, one.config, one.exp)
+    writer, comm_log = _writers(one.wd, one.config, one.exp, start, is_main, one.note)
+    ledger = ledger_lib.Ledger(
+        num_workers=r.num_workers, sequence_tokens=r.batch_per_worker * r.seq_len,
+        vocab_size=exp.model.vocab_size, timeline=one.timeline, comm_log=comm_log,
+        diverged=functools.partial(_diverged, one.wd, one.checkpointer, is_main))
+    ledger.load_state_dict(host_state)
+    one.books = (writer, comm_log, ledger)
+  states = program.stack(states)
+  seconds = clock.lap('restore')
+  if start:
+    screen.say(_phase('restored', seconds,
+                      f'the state, data position and counters of step {start}'))
+  return program, states, data, graphdef, eval_windows
 
 
 class _Program:
