@@ -123,9 +123,25 @@ def test_conformance(name):
       assert bool(jnp.all(jnp.isfinite(leaf.astype(jnp.float32))))
   for got, want in zip(jax.tree.leaves(state.params), jax.tree.leaves(params)):
     assert got.dtype == want.dtype and got.shape == (M,) + want.shape
-  for leaf in jax.tree.leaves(state.anchor):     # one policy: the anchor is float32
-    assert leaf.dtype == jnp.float32
   assert _distance(state.params, target) < 0.05 * start
+
+
+@pytest.mark.parametrize('name', sorted(algorithms.REGISTRY))
+def test_the_anchor_and_outer_state_are_float32_under_bfloat16_params(name):
+  """One policy for every algorithm with an outer chain: its anchor and the outer
+  state's float arrays are float32 whatever the params' dtype (the outer step
+  accumulates small updates). Algorithms without an anchor are skipped, saying so."""
+  params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), _quadratic_setup()[0])
+  alg = algorithms.make(name, optax.sgd(0.1), **_example(name))
+  state = alg.init(params, M, jax.random.PRNGKey(1))
+  if state.anchor is None:
+    pytest.skip(f'{name} keeps no anchor (no outer chain): its params are its only state')
+  state, _ = jax.jit(alg.step)(state, jax.tree.map(jnp.ones_like, state.params))
+  assert {leaf.dtype for leaf in jax.tree.leaves(state.params)} == {jnp.dtype(jnp.bfloat16)}
+  assert {leaf.dtype for leaf in jax.tree.leaves(state.anchor)} == {jnp.dtype(jnp.float32)}
+  outer = [leaf.dtype for leaf in jax.tree.leaves(state.outer_state)
+           if jnp.issubdtype(leaf.dtype, jnp.floating)]
+  assert all(d == jnp.float32 for d in outer), (name, set(outer))
 
 
 def _blocks_setup():
