@@ -37,10 +37,11 @@ call). An overlapped collective (tau > 0) is timed as with 'none'.
 """
 
 import dataclasses
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
+from loco import ranges
 from loco import utilization as utilization_lib
 from loco.errors import ConfigError
 from loco.wire import ALL_GATHER, ALL_REDUCE, GOSSIP, Wire
@@ -75,6 +76,29 @@ _PROFILE_DEFAULTS = {
 def profile_default(profile: str | None, key: str) -> Any:
   """The default `profile` gives network.KEY over NetworkConfig's (None: none)."""
   return _PROFILE_DEFAULTS.get(profile, {}).get(key)
+
+
+# Each numeric key's range (a `loco.ranges` rule), declared once: the config boundary
+# (`loco.configs.CONSTRAINTS`) and NetworkConfig (a re-timing's overrides) both read it.
+RANGES = {
+    'step_seconds': 'positive',
+    'device_flops': 'positive',
+    'mfu': 'in (0, 1]',
+    'bandwidth': 'positive',
+    'latency': '>= 0',
+    'link_efficiency': 'in (0, 1]',
+    'regions': '>= 1',
+    'inter_bandwidth': 'positive',
+    'inter_latency': '>= 0',
+    'sigma': '>= 0',
+    'slow_workers': '>= 0',
+    'slow_factor': 'positive',
+    'straggler_fraction': 'in [0, 1]',
+    'straggler_factor': 'positive',
+    'dropout': 'in [0, 1)',
+    'seed': 'in [0, 2**32)',
+    'overlap_buckets': '>= 1',
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,26 +151,8 @@ class NetworkConfig:
     if self.overlap is not None and self.overlap not in OVERLAPS[self.mode]:
       raise ConfigError(f"network.overlap must be one of {OVERLAPS[self.mode]} with "
                         f"network.mode={self.mode!r}, got {self.overlap!r}.")
-    if self.overlap_buckets < 1:
-      raise ConfigError(f'network.overlap_buckets must be >= 1, got {self.overlap_buckets}.')
-    for key in ('device_flops', 'mfu', 'bandwidth', 'inter_bandwidth', 'slow_factor',
-                'straggler_factor', 'step_seconds'):
-      value = getattr(self, key)
-      if value is not None and not value > 0:
-        raise ConfigError(f'network.{key} must be > 0, got {value}.')
-    for key in ('latency', 'inter_latency', 'sigma'):
-      if not getattr(self, key) >= 0:
-        raise ConfigError(f'network.{key} must be >= 0, got {getattr(self, key)}.')
-    if not 0.0 <= self.straggler_fraction <= 1.0:
-      raise ConfigError('network.straggler_fraction must be in [0, 1], got '
-                        f'{self.straggler_fraction}.')
-    if not 0.0 < self.link_efficiency <= 1.0:
-      raise ConfigError('network.link_efficiency must be in (0, 1], got '
-                        f'{self.link_efficiency}.')
-    if not 0.0 <= self.dropout < 1.0:
-      raise ConfigError(f'network.dropout must be in [0, 1), got {self.dropout}.')
-    if self.regions < 1:
-      raise ConfigError(f'network.regions must be >= 1, got {self.regions}.')
+    for key, rule in RANGES.items():
+      ranges.check(f'network.{key}', rule, getattr(self, key))
 
   @property
   def async_overlap(self) -> str:

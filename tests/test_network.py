@@ -201,8 +201,11 @@ def test_profiles_build_the_matrices_they_describe():
     (dict(profile='nowhere'), 'network.profile must be one of'),
     (dict(sigma=1.0), 'network.profile is not'),
     (dict(profile='homogeneous', sigma=1.0), 'network.sigma is not read'),
-    (dict(profile='homogeneous', bandwidth=0.0), 'bandwidth must be > 0'),
-    (dict(profile='homogeneous', bandwidth=-5.0), 'bandwidth must be > 0'),
+    (dict(profile='homogeneous', bandwidth=0.0), r'^network.bandwidth must be positive, got 0.0\.$'),
+    (dict(profile='homogeneous', bandwidth=-5.0), 'bandwidth must be positive'),
+    # One range per key, declared once (network.RANGES): the config boundary's rule.
+    (dict(profile='homogeneous', mfu=1.5), r'^network.mfu must be in \(0, 1\], got 1.5\.$'),
+    (dict(profile='homogeneous', seed=-1), 'network.seed must be in'),
     (dict(profile='homogeneous', dropout=1.0), 'dropout'),
     (dict(profile='homogeneous', mode='later'), 'network.mode'),
     (dict(profile='churn'), 'needs network.churn'),
@@ -212,6 +215,12 @@ def test_profiles_build_the_matrices_they_describe():
 def test_bad_network_config(section, match):
   with pytest.raises(ConfigError, match=match):
     net_lib.parse_network(section)
+
+
+def test_the_config_boundary_reads_the_networks_own_ranges():
+  from loco import configs
+  network_keys = {k: v for k, v in configs.CONSTRAINTS.items() if k.startswith('network.')}
+  assert network_keys == {f'network.{k}': v for k, v in net_lib.RANGES.items()}
 
 
 def test_bad_matrices_and_speeds():

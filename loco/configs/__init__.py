@@ -30,6 +30,7 @@ from typing import Any, Mapping, Sequence
 
 from ml_collections import config_dict
 
+from loco import network as network_lib
 from loco import ranges
 from loco.errors import ConfigError
 from loco.metrics import WANDB_MODES
@@ -69,23 +70,7 @@ CONSTRAINTS = {
     'optimizer.eps': 'positive',
     'optimizer.weight_decay': '>= 0',
     'optimizer.clip_norm': '>= 0',
-    'network.step_seconds': 'positive',
-    'network.device_flops': 'positive',
-    'network.mfu': 'in (0, 1]',
-    'network.bandwidth': 'positive',
-    'network.latency': '>= 0',
-    'network.link_efficiency': 'in (0, 1]',
-    'network.regions': '>= 1',
-    'network.inter_bandwidth': 'positive',
-    'network.inter_latency': '>= 0',
-    'network.sigma': '>= 0',
-    'network.slow_workers': '>= 0',
-    'network.slow_factor': 'positive',
-    'network.straggler_fraction': 'in [0, 1]',
-    'network.straggler_factor': 'positive',
-    'network.dropout': 'in [0, 1)',
-    'network.seed': 'in [0, 2**32)',
-    'network.overlap_buckets': '>= 1',
+    **{f'network.{key}': rule for key, rule in network_lib.RANGES.items()},
     'eval.batches': '>= 1',
     'eval.batch_size': '>= 1',
     'checkpoint.keep': '>= 1',
