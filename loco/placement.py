@@ -53,7 +53,7 @@ def arrange(num_devices: int, fsdp: int = 1, slices: int = 1) -> tuple[np.ndarra
     listed = np.array(devices).reshape(num_devices, fsdp)
     how = ('create_device_mesh: the interconnect\'s order of ' + kind
            if (arranged != listed).any() else
-           f'create_device_mesh: listing order ({kind} devices carry no topology it reads)')
+           f'create_device_mesh: listing order ({kind} devices carry no topology)')
     return arranged, f'one slice, {how}'
   if num_devices % slices:
     raise ConfigError(f'mesh.workers={num_devices} must be divisible by mesh.slices={slices}: '
