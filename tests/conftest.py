@@ -176,3 +176,15 @@ def pytest_collection_modifyitems(config, items):
 def pytest_terminal_summary(terminalreporter):
   for line in _share_note:
     terminalreporter.write_line(line)
+
+
+@pytest.fixture
+def full_stdlib():
+  """Skips a test that reads the size or make-up of a full standard library, saying
+  why, on a Python whose library is partial (Debian's python3.11 without its test
+  suite); loco warns on such a Python and trains on what is there."""
+  from loco.data import corpus
+  spec = corpus.stdlib_spec()
+  if corpus.stdlib_is_partial(spec):
+    pytest.skip(corpus.partial_stdlib_note(spec))
+

@@ -178,7 +178,7 @@ def test_the_stdlib_corpus_has_no_generated_tables(stdlib_docs):
   assert collections.Counter(excluded.values())[clean.TABLE] > 60
 
 
-def test_the_stdlib_validation_halves_are_alike(stdlib_docs):
+def test_the_stdlib_validation_halves_are_alike(stdlib_docs, full_stdlib):
   """The halves where experiments tune and report hold different whole families of
   the same make-up: the tolerances are about three times what the split gives on
   Python 3.11 (bytes 0.73 / 0.74 MB, test code 68% / 67%, zlib 0.241 / 0.228, the
@@ -218,3 +218,20 @@ def test_the_composition_script_prints_every_split_and_reason(tmp_path, capsys):
   for row in ('| train | ', '| validation | ', '| validation[:50%] | ',
               '| validation[50%:] | ', *(f'| {r} | ' for r in clean.REASONS)):
     assert row in out, row
+
+
+def test_a_partial_standard_library_is_used_with_one_warning(monkeypatch, capsys):
+  """A Python whose standard library is partial (Debian's python3.11 ships CPython's
+  test suite apart) trains on what is there, and says so once, naming the fix."""
+  monkeypatch.setattr(corpus, 'FULL_STDLIB_FILES', 10 ** 6)   # as if this one were partial
+  monkeypatch.setattr(corpus, '_WARNED', set())
+  spec = corpus.stdlib_spec()
+  corpus.stdlib_spec()
+  err = capsys.readouterr().err.splitlines()
+  assert len(err) == 1 and err[0].startswith('loco: warning: the standard library of this '
+                                             f'Python ({spec.root}) holds {len(spec.files)}')
+  assert 'libpython3.11-testsuite' in err[0] or 'testsuite' in err[0]
+  assert corpus.stdlib_is_partial(spec)
+  monkeypatch.setattr(corpus, 'FULL_STDLIB_FILES', 1)
+  assert not corpus.stdlib_is_partial(spec)
+

@@ -187,7 +187,7 @@ def test_sentencepiece_missing_model_is_data_error(tmp_path):
 # ------------------------------------------------------------------ corpus
 
 
-def test_stdlib_split_is_disjoint_by_file_and_deterministic(stdlib_cfg):
+def test_stdlib_split_is_disjoint_by_file_and_deterministic(stdlib_cfg, full_stdlib):
   train = sources.open_documents(stdlib_cfg, 'train')
   valid = sources.open_documents(stdlib_cfg, 'validation')
   assert not set(train.paths) & set(valid.paths)
@@ -201,7 +201,7 @@ def test_stdlib_split_is_disjoint_by_file_and_deterministic(stdlib_cfg):
   assert sum(len(t) for t in train.texts) > 20e6  # the real corpus, ~30 MB
 
 
-def test_stdlib_fingerprint_is_stable(stdlib_cfg):
+def test_stdlib_fingerprint_is_stable(stdlib_cfg, full_stdlib):
   fp = ld.dataset_fingerprint(stdlib_cfg)
   assert fp == ld.dataset_fingerprint(stdlib_cfg)
   assert fp['source'] == 'stdlib' and fp['files'] > 1000
