@@ -5,6 +5,7 @@ line `%name = SHAPES KIND(...)` (or KIND-start for an asynchronous one), SHAPES 
 such as `f32[8,5]{1,0}` or a tuple of them.
 """
 
+import functools
 import re
 
 import numpy as np
@@ -38,3 +39,47 @@ def collectives(hlo: str) -> list[tuple[str, int]]:
   return [(kind, sum(_BYTES[t] * int(np.prod([int(d) for d in dims.split(',') if d] or [1]))
                      for t, dims in _SHAPE.findall(shapes)))
           for kind, shapes in ops(hlo)]
+
+
+_HEADER = re.compile(r'^(ENTRY )?%?([\w.\-]+) \(.*\{\s*$')
+_BRANCHES = re.compile(r'branch_computations=\{([^}]*)\}')
+_TWO_WAY = re.compile(r'true_computation=%?([\w.\-]+), false_computation=%?([\w.\-]+)')
+_CALLED = re.compile(r'(?:calls|to_apply|body)=%?([\w.\-]+)')
+
+
+def _computations(hlo: str) -> tuple[dict[str, str], str]:
+  """{name: body text} of the program's computations, and the entry's name."""
+  bodies, entry, name, lines = {}, None, None, []
+  for line in re.sub(r'/\*.*?\*/', '', hlo).splitlines():
+    header = _HEADER.match(line)
+    if header and name is None:
+      name, lines = header.group(2), []
+      entry = name if header.group(1) else entry
+    elif name is not None and line.startswith('}'):
+      bodies[name], name = '\n'.join(lines), None
+    elif name is not None:
+      lines.append(line)
+  return bodies, entry
+
+
+def executed(hlo: str) -> list[tuple[str, int]]:
+  """(kind, result bytes) of the collectives one execution runs at most: the entry's,
+  what it calls, and of each conditional (`lax.cond`, `lax.switch`) only its heaviest
+  branch, since one branch runs; `collectives` counts every branch."""
+  bodies, entry = _computations(hlo)
+
+  @functools.cache
+  def run(name: str) -> tuple[tuple[str, int], ...]:
+    body = bodies.get(name, '')
+    out = list(collectives(body))
+    for line in body.splitlines():
+      branches = _BRANCHES.search(line)
+      two_way = _TWO_WAY.search(line)
+      names = ([b.strip().lstrip('%') for b in branches.group(1).split(',')] if branches
+               else list(two_way.groups()) if two_way else [])
+      if names:
+        out += max((run(b) for b in names), key=lambda ops: sum(n for _, n in ops))
+      for callee in _CALLED.findall(line):
+        out += run(callee)
+    return tuple(out)
+  return list(run(entry))

@@ -48,4 +48,7 @@ DEMO = AlgorithmSpec(
           'compression_topk': Key(int, 'DeMo: DCT coefficients kept per tile', '>= 1'),
           'compression_chunk': Key(int, 'DeMo: the largest DCT tile side', '>= 1')},
     example=dict(compression_topk=4, compression_chunk=8), carrier='all-gather',
-    inner='signsgd')
+    inner='signsgd',
+    simulated_as={'demo': 'the DCT coefficients are all-gathered as float32 values and '
+                          'int32 indices; the wire record counts the packed indices and '
+                          'the values at the transport dtype'})

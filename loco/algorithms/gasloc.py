@@ -143,4 +143,9 @@ GASLOC = AlgorithmSpec(
           'pairwise': Key(bool, 'GASLoC: one random neighbour per round (a random '
                           'matching of the graph)')},
     example=dict(sync_every=2, topology='ring'), variants={'matching': dict(topology='matching')},
-    carrier='collective-permute')
+    carrier='collective-permute',
+    simulated_as={'gasloc_matching': 'a random perfect matching is simulated as the ring '
+                                     'shifts its pairs are made of, every worker keeping '
+                                     "its partner's (up to 7 shifts of the model on 8 "
+                                     'workers); a deployment sends one model to one '
+                                     'partner, which the wire record counts'})

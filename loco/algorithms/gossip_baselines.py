@@ -224,8 +224,13 @@ def noloco(inner: optax.GradientTransformation, *, sync_every: int = 50,
 
 
 DSGD = AlgorithmSpec(dsgd, example=dict(topology='ring'), carrier='collective-permute')
+_PAIR = ('a random pair exchange is simulated as the ring shifts toward every candidate '
+         "partner, each worker keeping its partner's (2 on a ring, up to 7 for a perfect "
+         'matching of 8 workers); a deployment sends one model to one partner, which the '
+         'wire record counts')
 ADPSGD = AlgorithmSpec(adpsgd, example=dict(topology='exponential'),
-                       carrier='collective-permute')
-A2CID2 = AlgorithmSpec(a2cid2, example=dict(topology='ring'), carrier='collective-permute')
+                       carrier='collective-permute', simulated_as={'adpsgd': _PAIR})
+A2CID2 = AlgorithmSpec(a2cid2, example=dict(topology='ring'), carrier='collective-permute',
+                       simulated_as={'a2cid2': _PAIR})
 NOLOCO = AlgorithmSpec(noloco, example=dict(sync_every=3, topology='matching'),
-                       carrier='collective-permute')
+                       carrier='collective-permute', simulated_as={'noloco': _PAIR})

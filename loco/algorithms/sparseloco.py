@@ -79,4 +79,8 @@ SPARSELOCO = AlgorithmSpec(
           'chunk_size': Key(int, 'SparseLoCo values per chunk (4096 = 64x64 tiles)', '>= 1'),
           'dense_below': Key(int, 'SparseLoCo: smaller tensors sent whole (0: none)', '>= 0'),
           'aggregation': Key(str, 'SparseLoCo mean: contributors | workers')},
-    example=dict(sync_every=2), carrier='all-gather')
+    example=dict(sync_every=2), carrier='all-gather',
+    simulated_as={'sparseloco': 'on a mesh the top-k pseudo-gradient is summed by a dense '
+                                'float32 all-reduce of the scattered values; the wire '
+                                "record counts the sparse all-gather's packed 12-bit "
+                                'indices and 2-bit values'})

@@ -60,6 +60,10 @@ def sparta_diloco(inner: optax.GradientTransformation, *, fraction: float = 0.00
 
 _FRACTION = {'fraction': Key(float, 'SPARTA: expected share of each tensor averaged per step',
                              'in (0, 1]')}
-SPARTA = AlgorithmSpec(sparta, keys=_FRACTION, example=dict(fraction=0.1), carrier='all-reduce')
+_SUBSET = ('the shared random subset is averaged by a dense float32 all-reduce of the '
+           'masked tensors; the wire record counts only the subset\'s values')
+SPARTA = AlgorithmSpec(sparta, keys=_FRACTION, example=dict(fraction=0.1), carrier='all-reduce',
+                       simulated_as={'sparta': _SUBSET})
 SPARTA_DILOCO = AlgorithmSpec(sparta_diloco, keys=_FRACTION,
-                              example=dict(fraction=0.1, sync_every=2), carrier='all-reduce')
+                              example=dict(fraction=0.1, sync_every=2), carrier='all-reduce',
+                              simulated_as={'sparta_diloco': _SUBSET})

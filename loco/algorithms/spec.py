@@ -78,6 +78,12 @@ class AlgorithmSpec:
       pseudo-gradient in the compiled program on a mesh.
     inner: its default inner optimizer (a name of `loco.optim.INNER_OPTIMIZERS`), used
       when the config leaves `optimizer.name` None.
+    simulated_as: {example name (`examples`): how its compiled program moves the
+      message otherwise than a deployment would}, for the examples whose program moves
+      more bytes than the wire record counts (a compressed message simulated densely, a
+      random choice of partner simulated as every candidate shift). Every other example
+      moves exactly what it counts: tests/test_mesh.py holds each registered example to
+      that, and these to moving no less.
   """
   factory: Callable[..., Algorithm]
   keys: Mapping[str, Key] = dataclasses.field(default_factory=dict)
@@ -85,6 +91,7 @@ class AlgorithmSpec:
   variants: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
   carrier: str | None = None
   inner: str = 'adamw'
+  simulated_as: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
   def factory_keys(self) -> list[str]:
     """The factory's keyword-only arguments that are config keys, in its order."""

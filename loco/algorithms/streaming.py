@@ -105,4 +105,7 @@ STREAMING_DILOCO = AlgorithmSpec(
                                  "paper's, 0 adopts the synced fragment whole).")),
           'eager': Key(bool, 'Streaming: eager updates (arXiv 2502.12996)')},
     # 2 fragments (embeddings and norms; the blocks): one syncs every 2 steps, tau 1.
-    example=dict(sync_every=4, num_fragments=1, overlap_steps=1), carrier='all-reduce')
+    example=dict(sync_every=4, num_fragments=1, overlap_steps=1), carrier='all-reduce',
+    simulated_as={'streaming_diloco': 'the E3M0 pseudo-gradient is summed by a dense float32 '
+                                      'all-reduce of its rounded values; the wire record '
+                                      'counts 4 bits a value'})
