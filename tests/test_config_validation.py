@@ -196,15 +196,21 @@ def test_algorithm_keys_are_checked_by_the_algorithm_spec(overrides, message):
   assert str(e.value) == message
 
 
-def test_wrong_types_set_inside_a_config_file_fail(tmp_path, small_corpus_glob, data_dir):
+def test_wrong_types_set_inside_a_config_file_fail(tmp_path, small_corpus_glob, data_dir,
+                                                   monkeypatch):
+  monkeypatch.setattr(sys, 'dont_write_bytecode', False)   # as a plain `python` runs
   for extra, message in [('  c.steps = True', 'steps must be an integer, got True.'),
                          ('  c.steps = None', 'steps must be an integer, got None.'),
                          ('  c.checkpoint.keep = 0', 'checkpoint.keep must be >= 1, got 0.')]:
-    path = _nano_file(tmp_path, small_corpus_glob, data_dir, extra=extra,
-                      name=f'bad{len(extra)}.py')
+    # One file rewritten in place: the two `steps` lines have the same length, so only
+    # a config read from its source (never from Python's bytecode cache, which is valid
+    # for the same size and second) sees the second.
+    path = _nano_file(tmp_path, small_corpus_glob, data_dir, extra=extra, name='bad.py')
+    os.utime(path, ns=(10 ** 18, 10 ** 18))     # the same modification time every time
     with pytest.raises(ConfigError) as e:
       configs.validate(configs.load(path))
     assert str(e.value) == message
+  assert not os.path.exists(tmp_path / '__pycache__')
 
 
 @pytest.mark.slow

@@ -349,11 +349,21 @@ def load(spec: str, overrides: Mapping[str, Any] | None = None) -> config_dict.C
   return config
 
 
+class _SourceOnly(importlib.machinery.SourceFileLoader):
+  """Runs a config file from its source, never from cached bytecode: Python's cache
+  is valid for a source of the same size and modification second, so an edit made
+  within the second that keeps the size (`steps = 10` -> `steps = 20`) would run the
+  old config. Nothing is written beside the file either."""
+
+  def get_code(self, fullname):
+    return self.source_to_code(self.get_data(self.path), self.path)
+
+
 def _run_config_file(spec: str) -> config_dict.ConfigDict:
   path, *variant = spec.split(':', 1)
   if not os.path.isfile(path):
     raise ConfigError(f'no such config file: {path}')
-  loader = importlib.machinery.SourceFileLoader('loco_config_file', path)
+  loader = _SourceOnly('loco_config_file', path)
   module = importlib.util.module_from_spec(importlib.util.spec_from_loader(loader.name, loader))
   try:
     loader.exec_module(module)
