@@ -46,7 +46,6 @@ import functools
 import math
 import os
 import re
-import sys
 from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np

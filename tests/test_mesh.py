@@ -210,7 +210,7 @@ def test_sparseloco_gathers_only_its_top_k_payload():
   # tensor), + the bool alive flags.
   assert every_gather == 8 * (8 * kept + 4 * len(gathered)) + 8, (every_gather, kept)
   assert 8 * kept < model_bytes / 8
-  info = _sync_info(alg, state, grads, keys['sync_every'])
+  info = _heaviest_step(alg, state, grads, keys['sync_every'])
   reported = float(np.asarray(info.wire.payload)[0])
   assert kept * 2 / 8 < reported < 8 * kept, (reported, kept)
 
@@ -222,7 +222,7 @@ def test_a_compressed_all_reduce_is_simulated_by_a_dense_float32_reduction():
   the 4-bit payload a real implementation would send."""
   _, keys, _ = ALGORITHMS['streaming_diloco']
   hlo, model_bytes, alg, state, grads = _compiled('streaming_diloco')
-  info = _sync_info(alg, state, grads, keys['sync_every'])
+  info = _heaviest_step(alg, state, grads, keys['sync_every'])
   reported = float(np.asarray(info.wire.payload).max())
   dense = _traffic(hlo)['all-reduce']
   assert 0 < reported < dense / 4 and dense >= model_bytes * 0.8, (reported, dense)
@@ -243,12 +243,9 @@ def _groups(line: str) -> list[tuple[int, ...]]:
   return [tuple(g) for g in (ids.transpose(perm) if perm else ids).reshape(shape).tolist()]
 
 
-@pytest.mark.slow
-def test_a_workers_x_fsdp_step_shards_the_state_and_splits_the_traffic():
-  """DiLoCo's sync step on 2 x 4 devices (4 workers, 2 per row): every device holds
-  1/8 of the state; parameters are gathered and gradients reduced inside a row (the
-  fsdp groups), and the outer all-reduce runs between rows (the workers groups), each
-  device sending its quarter of the pseudo-gradient."""
+def _diloco_chunk(workers: int, fsdp: int, slices: int = 1):
+  """DiLoCo (nano, 4 workers, a sync every step) on a `workers` x `fsdp` mesh of
+  `slices` slices: (mesh, the state's init, its abstract state, the compiled chunk)."""
   from loco.configs import default
   from loco import experiment, placement
   from loco import step as step_lib
@@ -256,10 +253,9 @@ def test_a_workers_x_fsdp_step_shards_the_state_and_splits_the_traffic():
   c.model.preset, c.model.vocab_size = 'nano', 256
   c.num_workers, c.batch_per_worker, c.seq_len = 4, 4, 32
   c.algorithm.name, c.algorithm.sync_every = 'diloco', 1
-  c.mesh.workers, c.mesh.fsdp = 2, 4
+  c.mesh.workers, c.mesh.fsdp, c.mesh.slices = workers, fsdp, slices
   exp = experiment.parse_config(c)
-  mesh = placement.make_mesh(2, 4, 4)
-  assert dict(mesh.shape) == {'workers': 2, 'fsdp': 4}
+  mesh = placement.Placement.make(workers, 4, fsdp, 4, slices=slices).mesh
   algorithm = experiment.build_algorithm(exp, mesh)
   graphdef, init, abstract = step_lib.init_state(exp, algorithm, jax.random.key(0), mesh)
   chunk = step_lib.make_train_chunk(algorithm, exp.model, graphdef, mesh, 'vmap')
@@ -267,6 +263,17 @@ def test_a_workers_x_fsdp_step_shards_the_state_and_splits_the_traffic():
                                  sharding=placement.steps_sharding(mesh, 4))
   compiled = chunk.lower(abstract, batches, None,
                          jax.ShapeDtypeStruct((1,), jnp.bool_)).compile()
+  return mesh, init, abstract, compiled
+
+
+@pytest.mark.slow
+def test_a_workers_x_fsdp_step_shards_the_state_and_splits_the_traffic():
+  """DiLoCo's sync step on 2 x 4 devices (4 workers, 2 per row): every device holds
+  1/8 of the state; parameters are gathered and gradients reduced inside a row (the
+  fsdp groups), and the outer all-reduce runs between rows (the workers groups), each
+  device sending its quarter of the pseudo-gradient."""
+  mesh, init, abstract, compiled = _diloco_chunk(workers=2, fsdp=4)
+  assert dict(mesh.shape) == {'workers': 2, 'fsdp': 4}
   total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(abstract))
   assert compiled.memory_analysis().argument_size_in_bytes <= total / 8 + 4096
   assert init.lower(jax.random.key(0)).compile().memory_analysis(
@@ -437,24 +444,8 @@ def test_diloco_on_two_slices_syncs_across_them_and_shards_inside():
   """DiLoCo's train chunk on 2 simulated slices (4 workers x 2 fsdp): parameters are
   gathered and gradients reduced inside a slice; the only traffic that crosses the
   slices is the outer all-reduce of the worker axis."""
-  from loco.configs import default
-  from loco import experiment, placement
-  from loco import step as step_lib
-  c = default.get_config()
-  c.model.preset, c.model.vocab_size = 'nano', 256
-  c.num_workers, c.batch_per_worker, c.seq_len = 4, 4, 32
-  c.algorithm.name, c.algorithm.sync_every = 'diloco', 1
-  c.mesh.workers, c.mesh.fsdp, c.mesh.slices = 4, 2, 2
-  exp = experiment.parse_config(c)
-  mesh = placement.Placement.make(4, 4, 2, 4, slices=2).mesh
-  algorithm = experiment.build_algorithm(exp, mesh)
-  graphdef, _, abstract = step_lib.init_state(exp, algorithm, jax.random.key(0), mesh)
-  chunk = step_lib.make_train_chunk(algorithm, exp.model, graphdef, mesh, 'vmap')
-  batches = jax.ShapeDtypeStruct((1, 4, 4, 33), jnp.int32,
-                                 sharding=placement.steps_sharding(mesh, 4))
-  text = chunk.lower(abstract, batches, None,
-                     jax.ShapeDtypeStruct((1,), jnp.bool_)).compile().as_text()
-  crossings = _slice_crossings(text, mesh, 2)
+  mesh, _, abstract, compiled = _diloco_chunk(workers=4, fsdp=2, slices=2)
+  crossings = _slice_crossings(compiled.as_text(), mesh, 2)
   assert ('all-gather', 'inside') in crossings                   # FSDP inside a slice
   assert {k for k in crossings if k[1] == 'across'} == {('all-reduce', 'across')}, crossings
   model_bytes = 4 * sum(x.size for x in jax.tree.leaves(abstract.params)) / 4   # one worker

@@ -478,6 +478,15 @@ def get_config():
 '''
 
 
+def _start_main(config, workdir: str) -> subprocess.Popen:
+  """`python -m loco.main` on `config` into `workdir`, started on the CPU, its output
+  captured as text."""
+  return subprocess.Popen([sys.executable, '-m', 'loco.main', f'--config={config}',
+                           f'--workdir={workdir}'], cwd=REPO,
+                          env=dict(os.environ, JAX_PLATFORMS='cpu'),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
 @pytest.mark.slow
 def test_a_second_sigterm_during_the_save_keeps_the_last_committed_checkpoint(
     nano_config, tmp_path, small_corpus_glob, data_dir):
@@ -489,10 +498,7 @@ def test_a_second_sigterm_during_the_save_keeps_the_last_committed_checkpoint(
   config.write_text(_SLOW_SAVE_FILE.format(repo=REPO, glob=small_corpus_glob,
                                            data_dir=data_dir))
   workdir = str(tmp_path / 'run')
-  env = dict(os.environ, JAX_PLATFORMS='cpu')
-  proc = subprocess.Popen([sys.executable, '-m', 'loco.main', f'--config={config}',
-                           f'--workdir={workdir}'], cwd=REPO, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  proc = _start_main(config, workdir)
   checkpoints = os.path.join(workdir, 'checkpoints')
   deadline = time.time() + 240
   while time.time() < deadline and proc.poll() is None and not any(
@@ -569,10 +575,7 @@ def test_sigint_to_the_cli_prints_one_line(tmp_path, small_corpus_glob, data_dir
   while training, the line names the step reached, whose checkpoint it saved."""
   config = _nano_file(tmp_path, small_corpus_glob, data_dir, steps=100000)
   workdir = str(tmp_path / 'run')
-  env = dict(os.environ, JAX_PLATFORMS='cpu')
-  proc = subprocess.Popen([sys.executable, '-m', 'loco.main', f'--config={config}',
-                           f'--workdir={workdir}'], cwd=REPO, env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  proc = _start_main(config, workdir)
   metrics_path = os.path.join(workdir, 'metrics.jsonl')
   deadline = time.time() + (120 if when == 'training' else 0.5)
   while time.time() < deadline and not (os.path.exists(metrics_path)
