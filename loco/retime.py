@@ -20,9 +20,10 @@ stragglers, its seed), and the command says which step time it used and where it
 from. Naming network.device_flops or network.mfu times steps by the model's FLOPs (the
 run's step_seconds is then not used). (NAME: the profile unless given; PROFILE+OVERLAP
 with a network.overlap other than 'none', then ',buckets=K' with network.overlap_buckets
-other than 128, then ',link_efficiency=X' with the calibration term of loco.calibrate). `--network.overlap=backward` times each
-step's collective overlapped with the step's backward pass, as loco.utilization models
-it (arXiv 2501.18512 section 3.1; network.overlap in loco/configs/default.py). Dropout
+other than 128, then ',link_efficiency=X' with the calibration term of loco.calibrate).
+`--config.network.overlap=backward` times each step's collective overlapped with the
+step's backward pass, as loco.utilization models it (arXiv 2501.18512 section 3.1;
+network.overlap in loco/configs/default.py). Dropout
 and churn decided which work the run did (comms.jsonl records it), so they stay the
 run's. An asynchronous run (network.mode='async') cannot be re-timed: who exchanged
 with whom, and when, depended on its network.

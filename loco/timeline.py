@@ -120,8 +120,9 @@ class Timeline:
       active = active & (within < self.local_steps[None, :])
     keep, isolate, rejoin = ((None, None, None) if self.sync.trivial
                              else self.sync.dropout_masks(start, count) or (None,) * 3)
-    return StepContext(active=active, alive=alive, participation=(
-        None if keep is isolate is rejoin is None else Participation(keep=keep, isolate=isolate, rejoin=rejoin)))
+    participation = (None if keep is isolate is rejoin is None
+                     else Participation(keep=keep, isolate=isolate, rejoin=rejoin))
+    return StepContext(active=active, alive=alive, participation=participation)
 
   def active(self, start: int, count: int) -> np.ndarray:
     """[count, M] bool: workers that step at these ticks."""

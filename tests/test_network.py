@@ -201,7 +201,8 @@ def test_profiles_build_the_matrices_they_describe():
     (dict(profile='nowhere'), 'network.profile must be one of'),
     (dict(sigma=1.0), 'network.profile is not'),
     (dict(profile='homogeneous', sigma=1.0), 'network.sigma is not read'),
-    (dict(profile='homogeneous', bandwidth=0.0), r'^network.bandwidth must be positive, got 0.0\.$'),
+    (dict(profile='homogeneous', bandwidth=0.0),
+     r'^network.bandwidth must be positive, got 0.0\.$'),
     (dict(profile='homogeneous', bandwidth=-5.0), 'bandwidth must be positive'),
     # One range per key, declared once (network.RANGES): the config boundary's rule.
     (dict(profile='homogeneous', mfu=1.5), r'^network.mfu must be in \(0, 1\], got 1.5\.$'),
