@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from loco import evaluate
+from loco import stats as stats_lib
 from loco import study
 from loco.errors import LocoError
 
@@ -319,3 +320,248 @@ def test_the_cost_script_prints_units_and_answers_bad_input_in_one_line(tmp_path
     out = _study_cost(*args)
     lines = out.stderr.strip().splitlines()
     assert out.returncode in (1, 2) and len(lines) == 1 and says in lines[0], (args, lines)
+
+
+# ---- variants re-tuned where their change moves the optimum ---------------------------
+
+def test_a_retuned_variant_tries_three_points_around_its_parents_pick():
+  m = study.Method('diloco', {'algorithm.outer_momentum': 0.9}, OUTER)
+  pick = {study.LR: 3e-3, OUTER.key: 0.4}
+  m4 = study.Final('diloco_r4', 'diloco', {'num_workers': 4}, retune=study.Retune())
+  assert study.retune_values(m4, m, pick) == (0.2, 0.4, 0.8)
+  # Another momentum: the same effective steps eta / (1 - mu) as the parent's.
+  mu5 = study.Final('diloco_mu0p5', 'diloco', {'algorithm.outer_momentum': 0.5},
+                    retune=study.Retune())
+  assert study.retune_values(mu5, m, pick) == pytest.approx((1.0, 2.0, 4.0))
+  with pytest.raises(LocoError, match='gossip_step, which its method diloco'):
+    study.retune_values(dataclasses.replace(m4, retune=study.Retune('algorithm.gossip_step')),
+                        m, pick)
+  bare = study.Method('diloco', {}, OUTER)
+  with pytest.raises(LocoError, match='cannot be moved to the same effective step'):
+    study.retune_values(mu5, bare, pick)
+
+
+def test_a_retune_extends_once_past_an_edge_within_its_range():
+  key = 'algorithm.gossip_step'
+  scores = {study.label({key: v}): loss for v, loss in ((0.25, 2.2), (0.5, 2.1), (1.0, 2.0))}
+  wanted, complete = study.retune_settings((0.25, 0.5, 1.0), key, math.inf, scores)
+  assert [s[key] for s in wanted] == [0.25, 0.5, 1.0, 2.0] and not complete
+  wanted, complete = study.retune_settings((0.25, 0.5, 1.0), key, 1.0, scores)
+  assert len(wanted) == 3 and complete          # 2.0 is past the knob's range
+  scores[study.label({key: 0.5})] = 1.9          # interior: no extension
+  assert study.retune_settings((0.25, 0.5, 1.0), key, math.inf, scores) == (
+      [{key: 0.25}, {key: 0.5}, {key: 1.0}], True)
+
+
+def _finish(out, problem_dir, settings, loss, seed_suffix=''):
+  for s in settings:
+    _fake_run(os.path.join(out, 'tune', problem_dir, study.label(s) + seed_suffix),
+              BUDGET.steps, loss(s))
+
+
+def test_tune_retunes_a_variant_after_its_parent_and_its_final_trains_the_variants_pick(
+    tmp_path):
+  m = study.Method('diloco', {'algorithm.outer_momentum': 0.9}, OUTER)
+  variant = study.Final('diloco_r2', 'diloco', {'num_workers': 2}, retune=study.Retune())
+  plain = study.Final('diloco_prune', 'diloco', {'algorithm.prune': 0.5})
+  out, tune_dir = str(tmp_path), os.path.join(str(tmp_path), 'tune')
+  loss = _bowl(3e-3, 0.7)
+  for _ in range(3):
+    wanted, _, known = study._known(tune_dir, m, BUDGET)
+    _finish(out, 'diloco', [s for s in wanted if study.label(s) not in known], loss)
+  # The parent is done; the variant's three points are what is left.
+  with pytest.raises(LocoError, match='^3 tuning runs are not finished'):
+    study.tune(out, [m], BUDGET, train=False, finals=[variant, plain])
+  parent = study.tune(out, [m], BUDGET, train=False)['diloco']['setting']
+  assert parent == {study.LR: 3e-3, OUTER.key: 0.7}
+  points = [{OUTER.key: v} for v in (0.35, 0.7, 1.4)]
+  # At M = 2 the best outer lr is lower: 0.35 is at the edge, so 0.175 is tried too.
+  by_outer = {0.175: 2.3, 0.35: 2.0, 0.7: 2.1, 1.4: math.nan}
+  _finish(out, 'diloco_r2', points, lambda s: by_outer[s[OUTER.key]])
+  with pytest.raises(LocoError, match='^1 tuning runs are not finished'):
+    study.tune(out, [m], BUDGET, train=False, finals=[variant, plain])
+  _finish(out, 'diloco_r2', [{OUTER.key: 0.175}], lambda s: by_outer[s[OUTER.key]])
+  picks = study.tune(out, [m], BUDGET, train=False, finals=[variant, plain])
+  assert picks['diloco_r2']['setting'] == {OUTER.key: 0.35}
+  runs = {r.name: r.overrides for r in
+          study.final_runs([m], [variant, plain], BUDGET, picks, out)}
+  r2 = runs['diloco_r2/seed1']
+  assert (r2[OUTER.key], r2[study.LR], r2['num_workers']) == (0.35, 3e-3, 2)
+  assert runs['diloco_prune/seed1'][OUTER.key] == 0.7   # not re-tuned: the parent's
+  # The variant's tuning runs carry the parent's inner lr and the variant's keys.
+  run = study.tuning_run(study.variant_problem(variant, m, parent, BUDGET), BUDGET,
+                         {OUTER.key: 0.35})
+  assert run.name == 'diloco_r2/outer_lr0.35'
+  assert (run.overrides['num_workers'], run.overrides[study.LR], run.overrides['seed']) == (
+      2, 3e-3, BUDGET.tune_seed)
+
+
+def test_a_retuned_final_may_not_take_a_methods_name(tmp_path):
+  m = study.Method('diloco', {'algorithm.outer_momentum': 0.9}, OUTER)
+  with pytest.raises(LocoError, match="has a method's name"):
+    study.tune(str(tmp_path), [m], BUDGET, train=False,
+               finals=[study.Final('diloco', 'diloco', retune=study.Retune())])
+  with pytest.raises(LocoError, match='names the method gasloc, which is not tuned'):
+    study.tune(str(tmp_path), [m], BUDGET, train=False, finals=[study.Final('g', 'gasloc')])
+
+
+# ---- the pick rule that sees divergence risk ----------------------------------------
+
+def _grid(values, key=OUTER.key):
+  return [{study.LR: 3e-3, key: v} for v in values]
+
+
+def test_the_pick_and_its_larger_neighbour_train_at_the_check_seed():
+  wanted = _grid((0.4, 0.7, 1.0))
+  known = {study.label(s): x for s, x in zip(wanted, (2.1, 2.0, 2.05))}
+  missing, pick = study.pick_checked(wanted, known, {}, OUTER.key)
+  assert pick is None and missing == [wanted[1], wanted[2]]
+  checked = {study.label(wanted[1]): 2.01, study.label(wanted[2]): 2.06}
+  _, pick = study.pick_checked(wanted, known, checked, OUTER.key)
+  assert pick == dict(setting=wanted[1], passed=[], flag='')
+  # The neighbour diverges at the check seed: the pick stands, flagged.
+  checked[study.label(wanted[2])] = math.inf
+  _, pick = study.pick_checked(wanted, known, checked, OUTER.key)
+  assert pick['setting'] == wanted[1]
+  assert pick['flag'] == 'its neighbour lr0.003_outer_lr1 diverged'
+  # The pick itself diverges there: passed over; the next best needs its own check.
+  checked[study.label(wanted[1])] = math.inf
+  missing, pick = study.pick_checked(wanted, known, checked, OUTER.key)
+  assert pick is None and missing == [wanted[0]]
+  checked[study.label(wanted[0])] = 2.12
+  _, pick = study.pick_checked(wanted, known, checked, OUTER.key)
+  # 1.0, second best, diverged at the check seed already: passed over too.
+  assert pick['setting'] == wanted[0]
+  assert pick['passed'] == ['lr0.003_outer_lr0.7', 'lr0.003_outer_lr1']
+  assert pick['flag'] == 'its neighbour lr0.003_outer_lr0.7 diverged'
+  checked[study.label(wanted[0])] = math.inf
+  with pytest.raises(LocoError, match='every setting diverged at the tuning seed or the check'):
+    study.pick_checked(wanted, known, checked, OUTER.key)
+
+
+def test_the_largest_setting_checks_its_smaller_neighbour():
+  wanted = _grid((0.4, 0.7, 1.0))
+  assert study.neighbour(wanted[2], wanted, OUTER.key) == wanted[1]
+  assert study.neighbour(wanted[0], wanted, OUTER.key) == wanted[1]
+  other_lr = {study.LR: 6e-3, OUTER.key: 1.0}
+  assert study.neighbour(other_lr, wanted + [other_lr], OUTER.key) is None
+
+
+def test_tune_with_a_check_seed_passes_over_a_pick_that_diverges_there(tmp_path):
+  budget = dataclasses.replace(BUDGET, check_seed=7)
+  m = study.Method('dsgd', {}, STEP)
+  out, tune_dir = str(tmp_path), os.path.join(str(tmp_path), 'tune')
+  loss = _bowl(3e-3, 1.0, key=STEP.key)
+  for _ in range(3):
+    wanted, _, known = study._known(tune_dir, m, budget)
+    _finish(out, 'dsgd', [s for s in wanted if study.label(s) not in known], loss)
+  best = {study.LR: 3e-3, STEP.key: 1.0}
+  # The pick (gossip step 1.0, the range's top) and its smaller neighbour, at seed 7.
+  with pytest.raises(LocoError, match='^2 tuning runs are not finished'):
+    study.tune(out, [m], budget, train=False)
+  _fake_run(os.path.join(tune_dir, 'dsgd', study.label(best) + '_seed7'), budget.steps,
+            math.nan, 'failed', True)
+  _finish(out, 'dsgd', [{study.LR: 3e-3, STEP.key: 0.5}], loss, '_seed7')
+  picks = study.tune(out, [m], budget, train=False)
+  assert picks['dsgd']['passed'] == [study.label(best)]
+  assert picks['dsgd']['setting'] == {study.LR: 3e-3, STEP.key: 0.5}
+  assert picks['dsgd']['flag'] == f'its neighbour {study.label(best)} diverged'
+
+
+def test_the_pick_rules_false_positive_rate_by_simulation():
+  """Landscapes of five outer lrs whose loss falls towards the largest (seed noise far
+  below the steps between them), where only the largest carries a divergence risk q per
+  seed. Without any risk (q = 0) the check passes over and flags nothing: no false
+  positives. With risk, a pick at risk q survives as often as two seeds both miss it,
+  (1 - q)^2, against (1 - q) for one tuning seed; the setting next to it is then the pick,
+  flagged, and nothing further from the risk is ever flagged."""
+  rng = np.random.default_rng(0)
+  wanted = _grid((0.25, 0.5, 1.0, 2.0, 4.0))
+  for q in (0.0, 0.2, 0.5):
+    trials, kept_risky, false_alarms, flagged = 4000, 0, 0, 0
+    for _ in range(trials):
+      losses = [2.0 + 0.05 * (4 - i) + rng.normal(0, 0.005) for i in range(5)]
+      div0, div1 = rng.random() < q, rng.random() < q
+      known = {study.label(s): (math.inf if i == 4 and div0 else x)
+               for i, (s, x) in enumerate(zip(wanted, losses))}
+      checked = {study.label(s): (math.inf if i == 4 and div1 else x + 0.01)
+                 for i, (s, x) in enumerate(zip(wanted, losses))}
+      _, pick = study.pick_checked(wanted, known, checked, OUTER.key)
+      at = pick['setting'][OUTER.key]
+      kept_risky += at == 4.0
+      flagged += bool(pick['flag'])
+      false_alarms += (bool(pick['flag']) or bool(pick['passed'])) and not (div0 or div1)
+      assert at >= 2.0 and (not pick['flag'] or at == 2.0)
+    assert false_alarms == 0
+    assert kept_risky / trials == pytest.approx((1 - q) ** 2, abs=0.025)
+    assert flagged / trials == pytest.approx(1 - (1 - q) ** 2, abs=0.025)
+
+
+# ---- the sequential seed rule --------------------------------------------------------
+
+def _looks(d, alpha):
+  """The two-look rule, vectorised over rows of per-seed differences minus the margin
+  (columns: the 3 first seeds, then the 2 extra): P(claim accepted) at each look."""
+  def ci(x):
+    n = x.shape[1]
+    half = (stats_lib.t_critical(n - 1, 1 - 2 * alpha) * x.std(1, ddof=1) / math.sqrt(n))
+    return x.mean(1) - half, x.mean(1) + half
+  lo1, hi1 = ci(d[:, :3])
+  go_on = (hi1 >= 0) & (lo1 <= 0)
+  lo2, hi2 = ci(d)
+  return (hi1 < 0) | (go_on & (hi2 < 0)), (lo1 > 0) | (go_on & (lo2 > 0))
+
+
+def test_the_two_look_rule_keeps_its_level_at_the_margin_and_a_naive_one_does_not():
+  """At a true difference equal to the margin (the boundary of both hypotheses) the rule
+  says 'reproduced' at most 2.5% of the time, and 'not reproduced' too; a t test's level
+  does not depend on the spread, so one spread stands for all. Looking twice at 95% CIs
+  would say it 4.3% of the time."""
+  rng = np.random.default_rng(0)
+  d = rng.standard_normal((200_000, 5))
+  accept, reject = _looks(d, study.LOOK_ALPHA)
+  se = math.sqrt(0.025 * 0.975 / len(d))
+  assert accept.mean() < 0.025 + 2 * se and reject.mean() < 0.025 + 2 * se
+  assert accept.mean() > 0.022                  # not needlessly conservative
+  naive, _ = _looks(d, 0.025)
+  assert naive.mean() > 0.04
+  # Where the effect is clear, the first look decides (no extra seeds wasted).
+  clear = rng.standard_normal((20_000, 5)) * 0.2 - 1.0
+  lo, hi = (x for x in _looks(clear, study.LOOK_ALPHA))
+  assert lo.mean() > 0.99
+
+
+def test_sequential_is_the_vectorised_rule_on_groups():
+  """`study.sequential` on Groups decides as `_looks` does, seed by seed."""
+  rng = np.random.default_rng(1)
+  budget = dataclasses.replace(BUDGET, seeds=(1, 2, 3))
+  extra = study.extra_seeds(budget)
+  assert extra == (4, 5)
+  seeds = (1, 2, 3) + extra
+  for _ in range(300):
+    d = rng.normal(rng.normal(0, 0.02), 0.02, 5)
+    b = study.Group('b', {s: 2.0 for s in seeds}, {}, None, 0, 0, 0, [])
+    a = study.Group('a', {s: 2.0 + x for s, x in zip(seeds, d)}, {}, None, 0, 0, 0, [])
+    accept, reject = _looks(d[None, :], study.LOOK_ALPHA)
+    c = study.sequential(a, b, budget)
+    want = 'reproduced' if accept[0] else 'not reproduced' if reject[0] else 'inconclusive'
+    assert c.verdict() == want
+    assert c.look == (1 if c.verdict() != 'inconclusive' and not study.straddles(
+        a, b, budget) else 2)
+    assert study.straddles(a, b, budget) == (c.look == 2)
+  # Before the extra seeds exist, an undecided first look stays the answer.
+  first = study.Group('a', {1: 2.01, 2: 1.99, 3: 2.0}, {}, None, 0, 0, 0, [])
+  base = study.Group('b', {1: 2.0, 2: 2.0, 3: 2.0}, {}, None, 0, 0, 0, [])
+  c = study.sequential(first, base, budget)
+  assert c.look == 1 and c.verdict() == 'inconclusive' and study.straddles(first, base, budget)
+
+
+def test_a_relative_margin_is_tested_on_per_seed_relative_differences():
+  b = _group('b', [2.0, 1.5, 1.8])
+  a = _group('a', [2.0 * 1.005, 1.5 * 1.006, 1.8 * 1.0055])   # 0.5%, 0.6%, 0.55% worse
+  c = study.compare(a, b, 0.01, relative=True)
+  assert c.paired.differences == pytest.approx((0.005 - 0.01, 0.006 - 0.01, 0.0055 - 0.01))
+  assert c.verdict() == 'reproduced'
+  assert study.compare(a, b, 0.003, relative=True).verdict() == 'not reproduced'
+  assert study.compare(a, b, 0.0055, relative=True).verdict() == 'inconclusive'
+  assert '% CI of (a - b) / b - 1.00%' in c.text()
