@@ -60,6 +60,7 @@ class Knob:
   low: float = 0.0              # extensions stay > low (or >= with low_closed)
   high: float = math.inf        # and <= high
   low_closed: bool = False
+  geometric: bool = False       # an edge extension multiplies (an lr) instead of adding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +169,7 @@ def settings(method: Method, budget: Budget,
   if pick[LR] in (tried_lrs[0], tried_lrs[-1]):
     more.append({**pick, LR: _extend(tried_lrs, pick[LR] == tried_lrs[-1], True)})
   if knob is not None and pick[knob.key] in (knob.values[0], knob.values[2]):
-    x = _extend(knob.values, pick[knob.key] == knob.values[2], False)
+    x = float(f'{_extend(knob.values, pick[knob.key] == knob.values[2], knob.geometric):.6g}')
     if _allowed(knob, x):
       more.append({**pick, knob.key: x})
   out += more
@@ -384,6 +385,22 @@ def _wanted(tune_dir: str, problem: Problem, budget: Budget
                   check={k: v for k, v in checked.items()})
 
 
+def add_families(picks: dict[str, dict[str, Any]],
+                 families: Mapping[str, Sequence[str]]) -> None:
+  """Each family (name -> member methods) whose members all have picks gets the best
+  member's pick (lowest tuning loss) under its own name, with `member` naming it: a
+  final of the family trains that member's method at its pick."""
+  for family, members in families.items():
+    if all(m in picks for m in members):
+      best = min(members, key=lambda m: picks[m]['loss'])
+      picks[family] = {**picks[best], 'member': best}
+
+
+def _method_of(final: Final, by_name: Mapping[str, Method],
+               picks: Mapping[str, Mapping[str, Any]]) -> Method:
+  return by_name[picks[final.method].get('member', final.method)]
+
+
 def _problems(methods: Sequence[Method], finals: Sequence[Final], budget: Budget,
               picks: Mapping[str, Mapping[str, Any]], out: str) -> list[Problem]:
   """The methods' problems, and each re-tuned variant's once its parent has a pick."""
@@ -391,36 +408,43 @@ def _problems(methods: Sequence[Method], finals: Sequence[Final], budget: Budget
   found = [method_problem(m, budget) for m in methods]
   for f in finals:
     if f.retune is not None and f.method in picks:
-      found.append(variant_problem(f, by_name[f.method], picks[f.method]['setting'],
-                                   budget, out))
+      found.append(variant_problem(f, _method_of(f, by_name, picks),
+                                   picks[f.method]['setting'], budget, out))
   return found
 
 
-def _check_names(methods: Sequence[Method], finals: Sequence[Final]) -> None:
+def _check_names(methods: Sequence[Method], finals: Sequence[Final],
+                 families: Mapping[str, Sequence[str]]) -> None:
   names = {m.name for m in methods}
+  for family, members in families.items():
+    if family in names or not set(members) <= names:
+      raise LocoError(f'the family {family} must be a new name over tuned methods, got '
+                      f'{", ".join(members)}.')
   for f in finals:
-    if f.method not in names:
+    if f.method not in names and f.method not in families:
       raise LocoError(f'final {f.name} names the method {f.method}, which is not tuned.')
-    if f.retune is not None and f.name in names:
+    if f.retune is not None and (f.name in names or f.name in families):
       raise LocoError(f'the re-tuned final {f.name} has a method\'s name: its tuning '
                       'runs would mix with the method\'s.')
 
 
 def tune(out: str, methods: Sequence[Method], budget: Budget, parallel: int = 1,
-         train: bool = True, batch_runs: int = 1, finals: Sequence[Final] = ()
+         train: bool = True, batch_runs: int = 1, finals: Sequence[Final] = (),
+         families: Mapping[str, Sequence[str]] | None = None
          ) -> dict[str, dict[str, Any]]:
   """Trains the tuning stages in OUT/tune until every method's budget is spent, then
   each re-tuned variant's (`Final.retune`) around its parent's pick; returns name ->
   {setting, label, loss, grid: [(label, loss)], edge: the knobs whose pick is still at
   the edge of what was tried, check: label -> score at the check seed, passed: the
   labels passed over for diverging there, flag: '' or why the pick is on a knife edge},
-  per method and per re-tuned variant.
+  per method and per re-tuned variant; and per family (`add_families`) its best member's.
 
   Raises:
     LocoError: a tuning run failed, every setting of a problem diverged, or (with
       `train=False`) a tuning run is not finished.
   """
-  _check_names(methods, finals)
+  families = dict(families or {})
+  _check_names(methods, finals, families)
   tune_dir = os.path.join(out, 'tune')
   tried: set[str] = set()
   while True:
@@ -433,6 +457,7 @@ def tune(out: str, methods: Sequence[Method], budget: Budget, parallel: int = 1,
         every += [tuning_run(problem, budget, s, seed) for s, seed in seen]
         if pick is not None:
           picks[problem.name] = pick
+      add_families(picks, families)
     if not todo:
       break
     if not train:
@@ -453,11 +478,11 @@ def tune(out: str, methods: Sequence[Method], budget: Budget, parallel: int = 1,
 
 def final_runs(methods: Sequence[Method], finals: Sequence[Final], budget: Budget,
                picks: Mapping[str, Mapping[str, Any]], out: str = '') -> list[Run]:
-  """Every final at every seed: its method's pick with its keys, a re-tuned variant at
-  its own pick."""
+  """Every final at every seed: its method's pick with its keys (a family's: its best
+  member's), a re-tuned variant at its own pick."""
   by_name = {m.name: m for m in methods}
   return [Run(f'{f.name}/seed{seed}', budget.base,
-              {**run_keys(by_name[f.method], budget), **picks[f.method]['setting'],
+              {**run_keys(_method_of(f, by_name, picks), budget), **picks[f.method]['setting'],
                **f.keys_for(seed, out),
                **(picks[f.name]['setting'] if f.retune is not None else {}),
                'data.eval_split': budget.final_split, 'seed': seed})
@@ -829,14 +854,16 @@ def clocked(clock: str, on: bool = True):
 
 def run_all(out: str, methods: Sequence[Method], finals: Sequence[Final], budget: Budget,
             parallel: int = 1, retimes: Mapping[str, Mapping[str, Any]] | None = None,
-            train: bool = True, batch_runs: int = 1, retimed: Sequence[str] | None = None
+            train: bool = True, batch_runs: int = 1, retimed: Sequence[str] | None = None,
+            families: Mapping[str, Sequence[str]] | None = None
             ) -> tuple[dict[str, Any], dict[str, Group]]:
   """Tunes, runs the finals, scores them; returns (picks, groups). With `train=False`
   nothing trains and the finished finals are scored (a page of what is done so far).
   `batch_runs`: runs that differ only in seed or lr train up to this many in one program
   (`loco.sweep`). `retimes` ({name: network keys}) re-time the finished synchronous finals named in
-  `retimed` (all if None) on each network (`loco.retime`)."""
-  picks = tune(out, methods, budget, parallel, train, batch_runs, finals)
+  `retimed` (all if None) on each network (`loco.retime`). `families` (name -> methods):
+  a final may name a family for its best-tuned member (`add_families`)."""
+  picks = tune(out, methods, budget, parallel, train, batch_runs, finals, families)
   if train:
     runs = final_runs(methods, finals, budget, picks, out)
     code = run_sweep(runs, os.path.join(out, 'final'), parallel, report=False,

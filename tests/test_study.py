@@ -565,3 +565,40 @@ def test_a_relative_margin_is_tested_on_per_seed_relative_differences():
   assert study.compare(a, b, 0.003, relative=True).verdict() == 'not reproduced'
   assert study.compare(a, b, 0.0055, relative=True).verdict() == 'inconclusive'
   assert '% CI of (a - b) / b - 1.00%' in c.text()
+
+
+def test_a_family_stands_for_its_best_tuned_member(tmp_path):
+  """The reference family: its finals train the member with the lowest tuning loss, and a
+  re-tuned variant of the family re-tunes around that member's pick."""
+  sgd = study.Method('d_sgd', {'algorithm.outer_momentum': 0.0},
+                     study.Knob(OUTER.key, (0.5, 1.0, 2.0), geometric=True))
+  nest = study.Method('d_nest', {'algorithm.outer_momentum': 0.9}, OUTER)
+  out, tune_dir = str(tmp_path), os.path.join(str(tmp_path), 'tune')
+  for m, loss in ((sgd, _bowl(3e-3, 1.0)), (nest, lambda s: _bowl(3e-3, 0.7)(s) + 0.1)):
+    for _ in range(3):
+      wanted, _, known = study._known(tune_dir, m, BUDGET)
+      _finish(out, m.name, [s for s in wanted if study.label(s) not in known], loss)
+  fams = {'diloco': ('d_sgd', 'd_nest')}
+  prune = study.Final('prune', 'diloco', {'algorithm.prune': 0.5})
+  r2 = study.Final('r2', 'diloco', {'num_workers': 2}, retune=study.Retune())
+  with pytest.raises(LocoError, match='^3 tuning runs'):
+    study.tune(out, [sgd, nest], BUDGET, train=False, finals=[prune, r2], families=fams)
+  _finish(out, 'r2', [{OUTER.key: v} for v in (0.5, 1.0, 2.0)],
+          lambda s: 2.0 + abs(s[OUTER.key] - 1.0))
+  picks = study.tune(out, [sgd, nest], BUDGET, train=False, finals=[prune, r2],
+                     families=fams)
+  assert picks['diloco']['member'] == 'd_sgd'
+  runs = {r.name: r.overrides for r in
+          study.final_runs([sgd, nest], [prune, r2], BUDGET, picks, out)}
+  assert runs['prune/seed1']['algorithm.outer_momentum'] == 0.0
+  assert runs['prune/seed1'][OUTER.key] == 1.0 and runs['r2/seed1'][OUTER.key] == 1.0
+  with pytest.raises(LocoError, match='family d_sgd must be a new name'):
+    study.tune(out, [sgd, nest], BUDGET, train=False, families={'d_sgd': ('d_nest',)})
+
+
+def test_a_geometric_knob_extends_by_its_ratio():
+  m = study.Method('d', {}, study.Knob(OUTER.key, (0.5, 1.0, 2.0), geometric=True))
+  wanted, _ = _tune_by_hand(m, _bowl(3e-3, 8.0))
+  assert max(s[OUTER.key] for s in wanted) == 4.0
+  wanted, _ = _tune_by_hand(m, _bowl(3e-3, 0.1))
+  assert min(s[OUTER.key] for s in wanted) == 0.25
