@@ -249,8 +249,12 @@ def variant_problem(final: Final, method: Method, pick: Mapping[str, Any], budge
                     out: str = '') -> Problem:
   values = retune_values(final, method, pick)
   base = {k: v for k, v in pick.items() if k != final.retune.key}
-  return Problem(final.name, {**run_keys(method, budget, tuning=True), **base,
-                              **final.keys_for(budget.tune_seed, out)},
+  keys = {**run_keys(method, budget, tuning=True), **base,
+          **final.keys_for(budget.tune_seed, out)}
+  if keys['steps'] % keys.get('eval.every', keys['steps']):
+    keys['eval.every'] = keys['steps']   # a score needs the eval at the last step (a
+    # final's own eval.every may be its own, longer length)
+  return Problem(final.name, keys,
                  functools.partial(retune_settings, values, final.retune.key,
                                    final.retune.high), final.retune.key)
 
@@ -381,7 +385,8 @@ def _wanted(tune_dir: str, problem: Problem, budget: Budget
           if pick[k] in (min(s[k] for s in wanted), max(s[k] for s in wanted))
           and len({s[k] for s in wanted}) > 1]
   return [], dict(chosen, label=label(pick), loss=known[label(pick)],
-                  grid=[(label(s), known[label(s)]) for s in wanted], edge=edge,
+                  grid=[(label(s), known[label(s)]) for s in wanted],
+                  tried=[(dict(s), known[label(s)]) for s in wanted], edge=edge,
                   check={k: v for k, v in checked.items()})
 
 
@@ -434,7 +439,8 @@ def tune(out: str, methods: Sequence[Method], budget: Budget, parallel: int = 1,
          ) -> dict[str, dict[str, Any]]:
   """Trains the tuning stages in OUT/tune until every method's budget is spent, then
   each re-tuned variant's (`Final.retune`) around its parent's pick; returns name ->
-  {setting, label, loss, grid: [(label, loss)], edge: the knobs whose pick is still at
+  {setting, label, loss, grid: [(label, loss)], tried: [(setting, loss)], edge: the knobs
+  whose pick is still at
   the edge of what was tried, check: label -> score at the check seed, passed: the
   labels passed over for diverging there, flag: '' or why the pick is on a knife edge},
   per method and per re-tuned variant; and per family (`add_families`) its best member's.
