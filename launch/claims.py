@@ -983,6 +983,12 @@ WHY = {
 }
 
 
+KINDS = {True: 'mechanism check: a verdict about how the method works, which does not '
+              'depend on model size first-order and transfers',
+         False: 'data point: the claim depends on scale (model size, tokens, batch), so a '
+                'verdict at 0.43M weights is a measurement there, not a test of the paper'}
+
+
 def landscape_text(picks: Mapping[str, Any], g: Mapping[str, Group]) -> list[str]:
   """The reference family's tuning landscape: per momentum, the tuning loss (seed 0) at
   each outer lr tried at the member's inner lr, its pick, and its final's mean ± std
@@ -1100,8 +1106,9 @@ def write_page(out: str, scale: Scale, page: str, figures: str,
                   (f'; {never}' if never else ''))
     figure = f'claim{claim.number}.png'
     _plot(claim, g, out, scale, t9, os.path.join(figures, figure), picks)
+    kind = KINDS[claim.transfers]
     rows.append(f'| {claim.number} | {claim.statement} ({claim.source}) | {measured} | '
-                f'**{word}** | [plot]({rel}/{figure}) |')
+                f'**{word}** | {kind.split(":")[0]} | [plot]({rel}/{figure}) |')
     mine = here(scale)
     card = ['| | the paper | here |', '|---|---|---|'] + [
         f'| {label} | {getattr(claim.regime, key)} | {mine[key]} |'
@@ -1112,6 +1119,7 @@ def write_page(out: str, scale: Scale, page: str, figures: str,
     details.append('\n'.join([
         f'### Claim {claim.number}', '', f'{claim.statement} ({claim.source})', '',
         *card, '', f'What a test here means: {claim.regime.meaning.format(**fill)}', '',
+        f'Kind: {kind}.', '',
         f'Verdict: **{word}**.', *(_tests_text(v, claim.units) if v else []), '',
         *(['Values are simulated seconds (slow links) to the target; bytes are the runs\'.',
            ''] if claim.x == 'sim_seconds' else []),
@@ -1152,8 +1160,8 @@ def write_page(out: str, scale: Scale, page: str, figures: str,
       f'{scale.tokens_per_weight:.1f} tokens per weight.',
       '',
       '| # | claim (source) | measured (final eval loss, or claim 9\'s seconds, mean ± std '
-      'over seeds) | verdict | plot |',
-      '|---|---|---|---|---|',
+      'over seeds) | verdict | kind | plot |',
+      '|---|---|---|---|---|---|',
       *rows,
       '',
       '## What changed from the previous page, and why',

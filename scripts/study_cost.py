@@ -5,8 +5,8 @@ in units of one M = 8 micro run of 1,050 steps (8 workers x 4 x 64 tokens per st
 
 Prints the units trained so far, the median seconds per unit over the finished programs
 (a batch of runs is one program; the median ignores programs slowed by a pause or by
-other work beside them) and, with --planned, what every final of the claims page's plan
-costs at that median. Scoring and re-timing are not included.
+other work beside them) and, with --planned, what the claims page's plan (its tuning,
+a range, and every final) costs at that median. Scoring and re-timing are not included.
 """
 
 import os
@@ -20,6 +20,7 @@ from loco.errors import LocoError  # noqa: E402
 
 
 def planned_units() -> float:
+  """The finals of the claims page's plan at its first seeds, in units."""
   s = claims.SCALES['full']
   h1 = {m.name for m in claims.methods(s) if m.h1}
   total = 0.0
@@ -27,6 +28,28 @@ def planned_units() -> float:
     keys = {'steps': s.budget.steps_h1 if f.method in h1 else s.budget.steps, **f.keys}
     total += study.run_units(keys) * len(f.seeds_of(s.budget))
   return total
+
+
+def planned_tuning_units() -> tuple[float, float]:
+  """The tuning of the claims page's plan, in units: (fewest, most). A method trains 5
+  settings and a re-tuned variant 3, each up to 2 more past an edge (1 for a variant);
+  with a check seed the pick and its neighbour train again (more where a pick diverges
+  there, not counted)."""
+  s = claims.SCALES['full']
+  b = s.budget
+  check = 2 if b.check_seed is not None else 0
+  methods = {m.name: m for m in claims.methods(s)}
+  low = high = 0.0
+  for m in methods.values():
+    u = study.run_units(study.run_keys(m, b, tuning=True))
+    low, high = low + (5 + check) * u, high + (7 + check) * u
+  for f in claims.finals(s):
+    if f.retune is None:
+      continue
+    parent = methods.get(f.method) or methods[claims.REFERENCE[0]]
+    u = study.run_units({**study.run_keys(parent, b, tuning=True), **f.keys})
+    low, high = low + (3 + check) * u, high + (4 + check) * u
+  return low, high
 
 
 def main(argv: list[str]) -> int:
@@ -48,8 +71,11 @@ def main(argv: list[str]) -> int:
   print(f'  finals so far: {c["finals"]:.1f} units = {hours(c["finals"]):.2f} h')
   if '--planned' in argv:
     plan = planned_units()
+    low, high = planned_tuning_units()
     print(f'  finals planned (launch.claims, full scale): {plan:.1f} units = '
-          f'{hours(plan):.2f} h; with the tuning {hours(plan + c["tuning"]):.2f} h')
+          f'{hours(plan):.2f} h, before the extra seeds of undecided first looks')
+    print(f'  tuning planned: {low:.1f}-{high:.1f} units = {hours(low):.2f}-{hours(high):.2f} h;'
+          f' with the finals {hours(plan + low):.2f}-{hours(plan + high):.2f} h')
   return 0
 
 

@@ -313,6 +313,7 @@ def test_the_cost_script_prints_units_and_answers_bad_input_in_one_line(tmp_path
   assert out.returncode == 0, out.stderr
   assert 'median 43.0 s per unit' in out.stdout and 'finals so far: 2.0 units' in out.stdout
   assert 'finals planned (launch.claims, full scale)' in out.stdout
+  assert 'tuning planned: ' in out.stdout
   (d / 'status.json').write_text('{"state": "fini')
   for args, says in (((str(tmp_path),), 'is not valid JSON'),
                      ((str(tmp_path / 'none'),), 'no finished runs under'),
@@ -602,3 +603,24 @@ def test_a_geometric_knob_extends_by_its_ratio():
   assert max(s[OUTER.key] for s in wanted) == 4.0
   wanted, _ = _tune_by_hand(m, _bowl(3e-3, 0.1))
   assert min(s[OUTER.key] for s in wanted) == 0.25
+
+
+def test_the_planned_tuning_counts_every_method_and_retuned_variant():
+  import importlib.util
+  spec = importlib.util.spec_from_file_location(
+      'study_cost', __file__.rsplit('/tests/', 1)[0] + '/scripts/study_cost.py')
+  cost = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(cost)
+  from launch import claims
+  s = claims.SCALES['full']
+  low, high = cost.planned_tuning_units()
+  ms = claims.methods(s)
+  retuned = [f for f in claims.finals(s) if f.retune is not None]
+  # Units: a 1,050-step M = 8 run is 1; a one-step-per-communication method 300 / 1,050.
+  h1 = sum(m.h1 for m in ms) * 300 / 1050
+  assert low >= 7 * (len(ms) - sum(m.h1 for m in ms)) + 7 * h1 - 1e-9
+  assert high - low == pytest.approx(
+      2 * sum(study.run_units(study.run_keys(m, s.budget, tuning=True)) for m in ms) +
+      sum(study.run_units({**study.run_keys(ms[1], s.budget, tuning=True), **f.keys})
+          if not f.method.startswith(('gasloc_h1', 'dadamw', 'adpsgd', 'a2cid2', 'noloco'))
+          else 300 / 1050 for f in retuned))
