@@ -73,6 +73,17 @@ def _sq(tree: PyTree) -> jax.Array:
              jnp.zeros((), jnp.float32))
 
 
+def _worker_sum(tree: PyTree, axis_name: str) -> PyTree:
+  """The sum over workers of `tree`: a psum on a mesh; on one device the gathered
+  values added slice by slice (under vmap the gather is a broadcast of the stacked
+  buffer, and XLA:CPU adds a few slices about ten times faster than it reduces a
+  leading axis: 8 ms against 80 ms for 8 workers of the micro model)."""
+  if comm_axis.on_mesh():
+    return comm_axis.psum(tree, axis_name)
+  return jax.tree.map(lambda g: sum(g[i] for i in range(g.shape[0])),
+                      comm_axis.all_gather(tree, axis_name))
+
+
 def measure(params: PyTree, anchor: PyTree, taking_part: jax.Array,
             axis_name: str = WORKERS) -> Drift:
   """This worker's view of the sync's `Drift`, inside the per-worker map.
@@ -94,10 +105,10 @@ def measure(params: PyTree, anchor: PyTree, taking_part: jax.Array,
   unit = jax.tree.map(lambda d: jnp.where(nonzero, d / jnp.where(nonzero, jnp.sqrt(sq), 1.0),
                                           0.0), delta)
   wf = w.astype(jnp.float32)
-  # One reduction of the three trees and the counts (the partitioner may fuse them).
-  n, k, delta_sum, x_sum, unit_sum = comm_axis.psum(
-      (wf, nonzero.astype(jnp.float32), jax.tree.map(lambda d: wf * d, delta),
-       jax.tree.map(lambda v: wf * v, x), unit), axis_name)
+  n, k = comm_axis.psum((wf, nonzero.astype(jnp.float32)), axis_name)
+  delta_sum, x_sum, unit_sum = _worker_sum(
+      (jax.tree.map(lambda d: wf * d, delta), jax.tree.map(lambda v: wf * v, x), unit),
+      axis_name)
   per = jnp.maximum(n, 1.0)
   x_mean = jax.tree.map(lambda s: s / per, x_sum)
   spread = _sq(jax.tree.map(lambda v, m: v - m, x, x_mean))
