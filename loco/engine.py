@@ -76,7 +76,7 @@ class StepInfo(NamedTuple):
       started this step, -1 for none) and `overlap` (tau on a sync step, else 0);
       both None otherwise.
     synced: bool scalar, whether the outer step ran this step.
-    drift: a `loco.comm.Drift` of [M] leaves (the same value on every worker): the
+    drift: a `loco.comm.drift.Drift` of [M] leaves (the same value on every worker): the
       drift diagnostics of this step's sync, measured over the worker axis on the
       fragment that synced (zeros on a step without a sync); None for an algorithm
       without an outer chain (no rounds) or one built with `diagnostics(False)`.
@@ -341,8 +341,12 @@ def local_updates(
 
       def synced_fragment(ops, view=view, sync=sync):
         # Measured before the outer step: the params as the round's inner steps left them.
-        measured = ((vmap(drift_lib.measure, 0)(ops[0], ops[1], taking_part),) if measure
-                    else ())
+        if not measure:
+          measured = ()
+        elif mesh is None:     # the stacked leaves: two Gram matrices
+          measured = (drift_lib.measure_stacked(ops[0], ops[1], taking_part),)
+        else:                  # inside the worker map: reductions over the worker axis
+          measured = (vmap(drift_lib.measure, 0)(ops[0], ops[1], taking_part),)
         new, wire = policy.after_sync(*vmap(sync, 0)(*ops, active, alive, policy.adopt))
         if not merge.delay:     # the update arrives at the end of its own sync step
           p, a, o, m = new
