@@ -181,6 +181,27 @@ def test_algorithms_without_rounds_have_no_diagnostics():
   assert jax.eval_shape(direct.step, state, _grads(state.params, 0))[1].drift is None
 
 
+def test_the_per_worker_form_equals_the_stacked_one():
+  """`measure` (inside the worker map: the mesh's form, here under vmap) and
+  `measure_stacked` (one device's) give the same values, one worker left out."""
+  leaves = jax.tree.leaves(_params())
+  keys = jax.random.split(jax.random.key(3), 2 * len(leaves))
+  x = [jnp.stack([v + 0.05 * (i + 1) * jax.random.normal(k, v.shape) for i in range(M)])
+       for v, k in zip(leaves, keys[:len(leaves)])]
+  a = [jnp.broadcast_to(v, (M,) + v.shape) + 0.01 * jax.random.normal(k, (M,) + v.shape)
+       for v, k in zip(leaves, keys[len(leaves):])]
+  part = jnp.array([True, True, False, True])
+  mapped = jax.jit(jax.vmap(drift_lib.measure, axis_name='workers'))(x, a, part)
+  stacked = jax.jit(drift_lib.measure_stacked)(x, a, part)
+  for key in drift_lib.Drift._fields:
+    np.testing.assert_allclose(getattr(mapped, key), getattr(stacked, key), rtol=2e-5,
+                               err_msg=key)
+  want = _numpy_drift(_flat(x), _flat(a), np.asarray(part))
+  for key in drift_lib.KEYS:
+    np.testing.assert_allclose(float(stacked._asdict()[key][0]), want[key], rtol=2e-5,
+                               err_msg=key)
+
+
 def test_a_rows_diagnostics_are_the_mean_over_its_syncs():
   """Four steps, syncs at steps 1 and 3; the cosine of the second sync is over one
   worker only (left out); a chunk without a sync, or without diagnostics, has none."""

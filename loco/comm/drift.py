@@ -1,6 +1,6 @@
 """Drift diagnostics of a sync: how far the workers went apart, measured over the worker
-axis at the sync (issue 38; the engine calls `measure` on every sync of an algorithm
-with rounds).
+axis at the sync (the engine measures every sync of an algorithm with rounds:
+`measure_stacked` on one device, `measure` inside the worker map on a mesh).
 
 Definitions, for the n workers that take part in the sync (alive, and in the sync's
 own [M] mask where the schedule has one) and the params of the fragment that syncs
