@@ -40,6 +40,8 @@ def test_run_writes_outputs_and_resumes_exactly(nano_config, tmp_path, capsys):
     assert key in records[-1], key
   for key in ('eval_loss', 'eval_loss_se', 'eval_loss_workers', 'worker_spread'):
     assert key in records[1] and key in records[3], key
+  for key in DRIFT_KEYS:    # every chunk of 5 steps holds a sync (H = 3)
+    assert all(key in r for r in records), key
   assert records[-1]['tokens'] == 20 * 2 * 2 * 32
   assert records[-1]['syncs'] == 6                  # steps 3, 6, ..., 18
   assert last == records[-1]
