@@ -8,7 +8,9 @@ For each model preset, algorithm and H, the chunk (lax.scan over `steps` steps o
 vmapped value_and_grad + Algorithm.step, state donated) is compiled twice, built with
 and without the diagnostics; the two are timed in alternation (`repeats` times each,
 the best kept) and the script prints the seconds per step of each and their ratio.
-H = 1 syncs every step: the diagnostics' worst case.
+H = 1 syncs every step: the diagnostics' worst case. Then, per preset, the diagnostics
+alone: one sync's measurement of the whole model (`drift.measure_stacked`, jitted), in
+seconds, against the same chunk's seconds per step without them.
 """
 
 import os
@@ -23,7 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from loco import algorithms, model, optim  # noqa: E402
+from loco import algorithms, axis, model, optim  # noqa: E402
+from loco.comm import drift  # noqa: E402
 from loco import step as step_lib  # noqa: E402
 
 _PRESETS = flags.DEFINE_list('presets', ['micro', 'tiny'], 'Model presets.')
@@ -59,6 +62,26 @@ def _chunk(preset: str, name: str, sync_every: int, diagnostics: bool):
   return run
 
 
+def _measure_alone(preset: str) -> float:
+  """Seconds of one sync's diagnostics of `preset` on M workers (best of `repeats`)."""
+  cfg = model.model_config(preset, vocab_size=257)
+  params = jax.tree.leaves(model.init_params(cfg, jax.random.key(0))[1])
+  m = _WORKERS.value
+  keys = jax.random.split(jax.random.key(1), len(params))
+  x = [axis.replicate(p, m) + 0.01 * jax.random.normal(k, (m,) + p.shape)
+       for p, k in zip(params, keys)]
+  a = [axis.replicate(p, m).astype(np.float32) for p in params]
+  fn = jax.jit(drift.measure_stacked)
+  part = np.ones((m,), bool)
+  jax.block_until_ready(fn(x, a, part))
+  best = float('inf')
+  for _ in range(_REPEATS.value):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(x, a, part))
+    best = min(best, time.perf_counter() - t0)
+  return best
+
+
 def main(argv):
   del argv
   print(f'{_WORKERS.value} workers x {_BATCH.value} x {_SEQ.value} tokens, {_STEPS.value} '
@@ -77,6 +100,9 @@ def main(argv):
         off, on = (best[x] / _STEPS.value for x in (False, True))
         print(f'{preset:<7}{name:<10}{h:>4}{off:>13.5f}{on:>13.5f}{on / off:>9.3f}',
               flush=True)
+  for preset in _PRESETS.value:
+    print(f'{preset}: one sync\'s diagnostics alone, {_WORKERS.value} workers: '
+          f'{_measure_alone(preset):.4f} s', flush=True)
 
 
 if __name__ == '__main__':
