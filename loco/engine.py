@@ -16,6 +16,8 @@ fragments of the params sync at which step) and a `loco.merge.Merge` (how a frag
 outer step reaches the params, and when); it has no algorithm-specific branches.
 """
 
+import contextlib
+import contextvars
 import functools
 from typing import Any, Callable, NamedTuple, Sequence
 
@@ -30,6 +32,7 @@ from loco import participation as participation_lib
 from loco import sync_plan
 from loco import axis
 from loco import wire as wire_lib
+from loco.comm import drift as drift_lib
 from loco.errors import ConfigError
 from loco.wire import Wire
 
@@ -73,9 +76,14 @@ class StepInfo(NamedTuple):
       started this step, -1 for none) and `overlap` (tau on a sync step, else 0);
       both None otherwise.
     synced: bool scalar, whether the outer step ran this step.
+    drift: a `loco.comm.drift.Drift` of [M] leaves (the same value on every worker): the
+      drift diagnostics of this step's sync, measured over the worker axis on the
+      fragment that synced (zeros on a step without a sync); None for an algorithm
+      without an outer chain (no rounds) or one built with `diagnostics(False)`.
   """
   wire: Wire
   synced: jax.Array
+  drift: drift_lib.Drift | None = None
 
 
 class LocoState(NamedTuple):
@@ -179,6 +187,25 @@ class Algorithm(NamedTuple):
   local_steps: tuple[int, ...] | None = None
 
 
+_DIAGNOSTICS = contextvars.ContextVar('loco_diagnostics', default=True)
+
+
+@contextlib.contextmanager
+def diagnostics(enabled: bool):
+  """Whether the algorithms built inside this block measure drift at their syncs
+  (`StepInfo.drift`; `local_updates`' `diagnostics=None` reads it; on by default).
+
+  Off, the compiled program holds only the algorithm's own collectives: on a mesh the
+  diagnostics are all-reduces over the worker axis that a deployment would not run
+  (`metrics.diagnostics` in a config; the tests that count a program's collectives).
+  """
+  token = _DIAGNOSTICS.set(bool(enabled))
+  try:
+    yield
+  finally:
+    _DIAGNOSTICS.reset(token)
+
+
 def _put(leaves: list, members: Sequence[int], values: Sequence[Any]) -> list:
   for i, v in zip(members, values):
     leaves[i] = v
@@ -201,6 +228,7 @@ def local_updates(
     merge: merge_lib.Merge | None = None,
     shared_anchor: bool = True,
     mesh: jax.sharding.Mesh | None = None,
+    diagnostics: bool | None = None,
 ) -> Algorithm:
   """The generic engine: inner steps every step, fragment syncs on a plan, merges.
 
@@ -217,8 +245,11 @@ def local_updates(
   The anchor and the outer state are float32 whatever the params' dtype (the papers'
   choice: the outer step accumulates small updates). Each fragment's sync runs under one
   `lax.cond` outside the per-worker map, so a step without a sync costs only the inner
-  step. `StepContext.sync` overrides a one-fragment plan without delay: a bool scalar,
-  or an [M] mask whose False workers keep their state and send nothing.
+  step. Inside that branch, before the outer step, the engine measures the sync's drift
+  (`loco.comm.drift`: pseudo-gradient norms and cosine, consensus distance) over the
+  workers taking part, on the fragment that syncs (`StepInfo.drift`). `StepContext.sync`
+  overrides a one-fragment plan without delay: a bool scalar, or an [M] mask whose False
+  workers keep their state and send nothing.
 
   Args:
     inner: per-worker optax chain applied to each worker's gradient every step.
@@ -233,6 +264,8 @@ def local_updates(
       are each worker's own.
     mesh: a mesh with a "workers" axis to shard the worker axis over, or None (vmap on
       one device).
+    diagnostics: whether syncs measure drift (`StepInfo.drift`); None: as the enclosing
+      `diagnostics(...)` block says (on by default).
 
   Returns:
     An `Algorithm` (`round_steps` H). With a fragmented plan, its `StepInfo.wire` carries
@@ -246,6 +279,7 @@ def local_updates(
   if outer is None and (plan.fragments is not None or merge is not None):
     raise ConfigError('a fragmented sync plan or a merge policy needs an outer chain.')
   merge = merge_lib.delayed() if merge is None else merge
+  measure = outer is not None and (_DIAGNOSTICS.get() if diagnostics is None else diagnostics)
   split = isinstance(outer, tuple) and not isinstance(outer, optax.GradientTransformation)
   if merge.needs_link and not split:
     raise ConfigError('this merge policy (eager updates) needs outer=(link, optimizer).')
@@ -295,6 +329,10 @@ def local_updates(
     m_leaves = [jax.tree.leaves(b) for b in state.extra]    # the merge state's trees
     outer_states = list(state.outer_state) if fragmented else [state.outer_state]
     silent = axis.replicate(wire_lib.empty(num_workers), num_workers)
+    still = axis.replicate(drift_lib.zeros(), num_workers) if measure else None
+    drift = still
+    # Who the diagnostics are over: the workers taking part in the sync.
+    taking_part = alive if policy.who is None else alive & policy.who
     for f, members in enumerate(schedule.members):
       view = functools.partial(_view, treedef, members)
       pick = lambda leaves: [leaves[i] for i in members]
@@ -302,18 +340,29 @@ def local_updates(
                                step_key, policy.phase)
 
       def synced_fragment(ops, view=view, sync=sync):
+        # Measured before the outer step: the params as the round's inner steps left them.
+        if not measure:
+          measured = ()
+        elif mesh is None:     # the stacked leaves: two Gram matrices
+          measured = (drift_lib.measure_stacked(ops[0], ops[1], taking_part),)
+        else:                  # inside the worker map: reductions over the worker axis
+          measured = (vmap(drift_lib.measure, 0)(ops[0], ops[1], taking_part),)
         new, wire = policy.after_sync(*vmap(sync, 0)(*ops, active, alive, policy.adopt))
         if not merge.delay:     # the update arrives at the end of its own sync step
           p, a, o, m = new
           new = (jax.tree.leaves(merge.on_arrival(view(p), view(a), tuple(map(view, m)))),
                  a, o, m)
-        return policy.select(new, wire, ops)
+        return (*policy.select(new, wire, ops), *measured)
 
       operands = (pick(p_leaves), pick(a_leaves), outer_states[f], tuple(map(pick, m_leaves)))
       # One cond outside the worker map: a step without this fragment's sync skips it
       # for every worker (a cond inside the map on an [M] mask would be a select).
-      (new_p, new_a, outer_states[f], new_m), outer_wire = jax.lax.cond(
-          syncing == f, synced_fragment, lambda ops: (ops, silent), operands)
+      (new_p, new_a, outer_states[f], new_m), outer_wire, *measured = jax.lax.cond(
+          syncing == f, synced_fragment,
+          lambda ops: (ops, silent, *((still,) if measure else ())), operands)
+      if measure:   # at most one fragment syncs in a step: its measurement is the step's
+        drift = jax.tree.map(lambda d, m, f=f: jnp.where(syncing == f, m, d), drift,
+                             measured[0])
       for leaves, values in zip([p_leaves, a_leaves, *m_leaves], [new_p, new_a, *new_m]):
         _put(leaves, members, values)
       wire = wire.merge(outer_wire)
@@ -340,7 +389,7 @@ def local_updates(
       wire = wire._replace(
           fragment=jnp.full((num_workers,), syncing, jnp.int32),
           overlap=jnp.full((num_workers,), jnp.where(synced, merge.delay, 0), jnp.int32))
-    return new_state, StepInfo(wire, synced)
+    return new_state, StepInfo(wire, synced, drift)
 
   return Algorithm(init=init, step=step, round_steps=plan.sync_every,
                    keeps_local=outer is None or not merge.delay)
@@ -406,9 +455,11 @@ def pairwise_gossip(inner: optax.GradientTransformation,
     The algorithm (anchors are each worker's own: `shared_anchor=False`); its
     `replay.overlapped()` builds the snapshot-keeping variant.
   """
+  measure = _DIAGNOSTICS.get()    # the overlapped variant is built later, outside the block
+
   def build(stale: bool) -> Algorithm:
     algorithm = local_updates(inner, outer_chain(stale), sync_every, shared_anchor=False,
-                              mesh=mesh)
+                              mesh=mesh, diagnostics=measure)
     return algorithm._replace(replay=AsyncReplay(
         sync_every, peers, wire_dtype,
         exchange_bytes=functools.partial(pair_exchange_bytes, outer_chain(False)),

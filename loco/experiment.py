@@ -51,6 +51,7 @@ class RunConfig:
   progress: bool
   init_from: str = ''
   init_inner_state: str = 'fresh'
+  diagnostics: bool = True
 
   def __post_init__(self):
     for key in ('num_workers', 'steps', 'batch_per_worker', 'seq_len', 'log_every',
@@ -107,7 +108,8 @@ def parse_config(config: ml_collections.ConfigDict) -> Experiment:
       checkpoint_every=c.checkpoint.every, checkpoint_keep=c.checkpoint.keep,
       mesh_workers=c.mesh.workers, mesh_fsdp=c.mesh.fsdp,
       mesh_slices=c.mesh.slices, grad_mode=c.grad_mode,
-      progress=c.progress, init_from=c.init_from, init_inner_state=c.init_inner_state)
+      progress=c.progress, init_from=c.init_from, init_inner_state=c.init_inner_state,
+      diagnostics=c.metrics.diagnostics)
   data = data_lib.DataConfig(**c.data)
   model_overrides = _set(c.model)
   preset = model_overrides.pop('preset')
@@ -125,13 +127,15 @@ def parse_config(config: ml_collections.ConfigDict) -> Experiment:
   inner = optim.InnerConfig(**inner_kwargs)
   network = network_lib.parse_network(c.network.to_dict())
   return Experiment(run, model, data, inner, name, algorithm_kwargs, network,
-                    SinkConfig(**_set(c.metrics)), preset)
+                    SinkConfig(**{k: v for k, v in _set(c.metrics).items()
+                                  if k != 'diagnostics'}), preset)
 
 
 def build_algorithm(exp: Experiment, mesh=None) -> Algorithm:
   """The run's algorithm; with snapshots for the overlapped asynchronous replay."""
   inner = optim.inner_optimizer(exp.inner)
   return for_network(exp, algorithms.make(exp.algorithm_name, inner, mesh=mesh,
+                                          diagnostics=exp.run.diagnostics,
                                           **exp.algorithm_kwargs))
 
 

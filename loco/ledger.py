@@ -4,7 +4,9 @@
 of it: the divergence rule (`check_losses`), the cumulative counters (tokens, bytes
 sent and received per worker, peak bytes, syncs), the wire records appended to the
 communication log, the simulated clock advanced (`loco.timeline`), and the chunk's
-metrics record with its throughput. `state_dict` / `load_state_dict` are the
+metrics record with its throughput and the drift diagnostics of its syncs (each the
+mean over the chunk's syncs, `loco.comm.drift.summary`; absent in a chunk without a
+sync and for algorithms without rounds). `state_dict` / `load_state_dict` are the
 checkpoint's `host` item, so a resumed run counts on from where it stopped.
 """
 
@@ -17,6 +19,7 @@ import numpy as np
 
 from loco import model as model_lib
 from loco import timeline as timeline_lib
+from loco.comm import drift as drift_lib
 from loco.engine import Algorithm
 from loco.experiment import Experiment
 
@@ -129,6 +132,7 @@ class Ledger:
                   train_loss=float(losses[-1].mean()),
                   bytes_sent=self.bytes_sent, bytes_received=self.bytes_received,
                   peak_bytes=self.peak_bytes, syncs=self.syncs, **sim,
+                  **drift_lib.summary(info.drift, info.synced),
                   tokens_per_second=float(worker_tokens / elapsed))
     self.last_record = record
     return record, elapsed / k

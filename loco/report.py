@@ -100,7 +100,8 @@ _EMPTY = dict(seed=None, setting=None, algorithm=None, command=None, step=None,
               steps=None, final_eval_loss=None, final_eval_se=None, best_eval_loss=None,
               tokens=None,
               bytes_sent=None, bytes_received=None, peak_bytes=None, sim_seconds=None,
-              wall_seconds=None, metrics_problem=None, _evals=[])
+              wall_seconds=None, metrics_problem=None, _evals=[],
+              **dict.fromkeys(runs.DRIFT_KEYS))
 
 
 def _run(workdir: str, name: str) -> dict[str, Any]:
@@ -113,6 +114,8 @@ def _run(workdir: str, name: str) -> dict[str, Any]:
                 error=str(e))
   config, last, sweep = run.config, run.last, run.sweep_status or {}
   evals = [r for r in run.metrics if 'eval_loss' in r]
+  # The drift diagnostics of the last row that has them (the run's last syncs).
+  drift = next((r for r in reversed(run.metrics) if 'pg_norm' in r), {})
   finite_evals = [r['eval_loss'] for r in evals if _finite(r['eval_loss'])]
   return dict(
       name=name, workdir=workdir, seed=config.get('seed'),
@@ -130,7 +133,7 @@ def _run(workdir: str, name: str) -> dict[str, Any]:
       bytes_received=last.get('bytes_received'),
       peak_bytes=last.get('peak_bytes'), sim_seconds=last.get('sim_seconds'),
       wall_seconds=sweep.get('seconds'), metrics_problem=run.metrics_note,
-      _evals=evals)
+      _evals=evals, **{k: drift.get(k) for k in runs.DRIFT_KEYS})
 
 
 def setting(config: dict[str, Any]) -> dict[str, Any]:
@@ -318,6 +321,10 @@ def _loss(x):
   return f'{x:.4f}' if isinstance(x, (int, float)) else '—'
 
 
+def _number(x):
+  return f'{x:.4g}' if _finite(x) else '—'
+
+
 def _int(x):
   return f'{x:,.0f}' if _finite(x) else '—'
 
@@ -377,6 +384,8 @@ COLUMNS = (
     ('peak bytes sent / step', lambda r: human_bytes(r['peak_bytes'])),
     ('sim s', lambda r: _seconds(r['sim_seconds'])),
     ('wall s', lambda r: _int(r['wall_seconds'])),
+    ('last syncs: pg cosine', lambda r: _number(r['pg_cosine'])),
+    ('last syncs: consensus distance', lambda r: _number(r['consensus_distance'])),
     ('target: step', lambda r: _int(r['target_step'])),
     ('target: tokens', lambda r: _int(r['target_tokens'])),
     ('target: bytes sent', lambda r: human_bytes(r['target_bytes'])),

@@ -113,7 +113,8 @@ def algorithm_for(exp: Experiment, knobs: Mapping[str, Any], mesh=None) -> Algor
       exp.inner, lr=knobs['lr'], weight_decay=knobs['weight_decay']))
   kwargs = dict(exp.algorithm_kwargs)
   kwargs.update({k: knobs[k] for k in _ALGORITHM_KNOBS if k in knobs})
-  return for_network(exp, algorithms.build(exp.algorithm_name, inner, mesh=mesh, **kwargs))
+  return for_network(exp, algorithms.build(exp.algorithm_name, inner, mesh=mesh,
+                                           diagnostics=exp.run.diagnostics, **kwargs))
 
 
 def make_batched_chunk(exp: Experiment, graphdef):

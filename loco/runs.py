@@ -60,10 +60,14 @@ RESERVED = frozenset({CONFIG, METRICS, COMMS, STATUS, LOG, DIVERGED, CHECKPOINTS
 SWEEP_STATES = ('running', 'finished', 'failed', 'interrupted')
 STATUSES = ('finished', 'diverged', 'failed', 'interrupted', 'running', 'incomplete')
 
+# The drift diagnostics of the syncs since the row before (loco/comm/drift.py: their
+# mean), on the rows of a run with rounds whose chunk synced; absent on the others.
+DRIFT_KEYS = ('pg_norm', 'pg_mean_norm', 'pg_cosine', 'consensus_distance')
 # metrics.jsonl keys that are numbers when present (DESIGN §6).
 NUMBER_KEYS = ('tokens', 'train_loss', 'eval_loss', 'eval_loss_se', 'eval_loss_workers',
                'worker_spread', 'bytes_sent', 'bytes_received', 'peak_bytes', 'syncs',
-               'sim_seconds', 'utilization', 'tokens_per_second', 'wall_seconds')
+               'sim_seconds', 'utilization', 'tokens_per_second', 'wall_seconds',
+               *DRIFT_KEYS)
 NUM_KINDS = len(wire_lib.KINDS)     # none, all-reduce, all-gather, gossip
 # Cumulative bytes in metrics.jsonl and the sum over comms.jsonl agree to rounding.
 _BYTES_RTOL = 1e-6

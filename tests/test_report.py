@@ -36,8 +36,9 @@ def _workdir(root, name, algorithm=None, steps=30, metrics=(), status=None, log=
   return path
 
 
-def _records(evals, bytes_per_step=10.0, sim_per_step=0.0, extra=None):
-  """Log lines every 5 steps, evals at 10, 20, 30 (1,000 tokens per step)."""
+def _records(evals, bytes_per_step=10.0, sim_per_step=0.0, extra=None, drift=False):
+  """Log lines every 5 steps, evals at 10, 20, 30 (1,000 tokens per step); with
+  `drift`, the diagnostics of a sync every 10 steps."""
   out = []
   for step in range(5, 5 * (2 * len(evals) + 1), 5):
     r = dict(step=step, tokens=1000 * step, train_loss=4.0 - step / 100,
@@ -46,6 +47,9 @@ def _records(evals, bytes_per_step=10.0, sim_per_step=0.0, extra=None):
              tokens_per_second=123.0, utilization=0.5)      # an unknown key is ignored
     if step % 10 == 0:
       r.update(eval_loss=evals[step // 10 - 1], eval_loss_workers=9.0, worker_spread=0.0)
+      if drift:
+        r.update(pg_norm=step / 10, pg_mean_norm=0.5, pg_cosine=0.25 * step / 10,
+                 consensus_distance=0.01 * step)
     out.append(r)
   return out
 
@@ -62,7 +66,8 @@ def sweep_dir(tmp_path):
                   command=['/usr/bin/python3', '-m', 'loco.main', '--config=x.py'])
   _workdir(root, 'ddp', 'ddp', metrics=_records([3.0, 2.1, 2.2], bytes_per_step=100.0),
            status=finished)
-  _workdir(root, 'diloco', 'diloco', metrics=_records([3.2, 2.6, 2.4], sim_per_step=0.5),
+  _workdir(root, 'diloco', 'diloco', metrics=_records([3.2, 2.6, 2.4], sim_per_step=0.5,
+                                                     drift=True),
            status=dict(finished, seconds=20.0))
   _workdir(root, 'bad', status=dict(state='failed', returncode=1, seconds=1.0,
                                     error='loco: error: optimizer.lr must be positive, got -1.0.'))
@@ -90,6 +95,10 @@ def test_summarize_values_and_time_to_target(sweep_dir):
   assert (ddp['algorithm'], ddp['final_eval_loss'], ddp['best_eval_loss']) == ('ddp', 2.2, 2.1)
   assert (ddp['tokens'], ddp['bytes_sent'], ddp['peak_bytes']) == (30000, 3000.0, 100.0)
   assert (ddp['sim_seconds'], ddp['wall_seconds']) == (0.0, 12.5)
+  # The drift diagnostics of the last row that has them (step 30), none for DDP.
+  assert (diloco['pg_norm'], diloco['pg_cosine'], diloco['consensus_distance']) == (
+      3.0, 0.75, 0.3)
+  assert ddp['pg_cosine'] is None and rows['bad']['pg_norm'] is None
   # Default target: the largest final loss of the finished runs (diloco's 2.4); the
   # partial run's 2.0 does not count.
   assert all(r['target'] == 2.4 for r in rows.values())
@@ -118,9 +127,9 @@ def test_write_report_table_plots_and_problem_runs(sweep_dir, tmp_path):
           'so every finished run reaches it)') in text
   assert '6 runs: 1 diverged, 1 failed, 2 finished, 1 incomplete, 1 not started.' in text
   assert ('| diloco | diloco | finished | 2.4000 | 2.4000 | 30,000 | 300 B | 300 B | 10 B | '
-          '15.0 | 20 | 30 | 30,000 | 300 B | 15.0 |') in text
+          '15.0 | 20 | 0.75 | 0.3 | 30 | 30,000 | 300 B | 15.0 |') in text
   assert ('| ddp | ddp | finished | 2.2000 | 2.1000 | 30,000 | 3.00 KB | 3.00 KB | 100 B | — | '
-          '12 | 20 | 20,000 | 2.00 KB | — |') in text
+          '12 | — | — | 20 | 20,000 | 2.00 KB | — |') in text
   assert ('| run | algorithm | status | final eval | best eval | tokens | bytes sent / worker | '
           'bytes received / worker | peak bytes sent / step |') in text
   # Sweep order (sweep.json), then problems, never hidden.

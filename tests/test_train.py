@@ -17,6 +17,7 @@ from loco import experiment
 from loco import step as step_lib
 from loco import train
 from loco.errors import CheckpointError, ConfigError, DataError
+from loco.comm.drift import KEYS as DRIFT_KEYS
 from loco.metrics import TIMING_KEYS, read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,6 +40,8 @@ def test_run_writes_outputs_and_resumes_exactly(nano_config, tmp_path, capsys):
     assert key in records[-1], key
   for key in ('eval_loss', 'eval_loss_se', 'eval_loss_workers', 'worker_spread'):
     assert key in records[1] and key in records[3], key
+  for key in DRIFT_KEYS:    # every chunk of 5 steps holds a sync (H = 3)
+    assert all(key in r for r in records), key
   assert records[-1]['tokens'] == 20 * 2 * 2 * 32
   assert records[-1]['syncs'] == 6                  # steps 3, 6, ..., 18
   assert last == records[-1]
@@ -122,6 +125,18 @@ def test_every_algorithm_trains_through_the_loop(nano_config, tmp_path, name):
   record = train.run(nano_config, str(tmp_path / name))
   assert record['step'] == 4 and np.isfinite(record['eval_loss'])
   assert record['syncs'] > 0 and record['bytes_sent'] > 0
+  # The drift diagnostics: on every row (each chunk of 2 steps syncs) of an algorithm
+  # with rounds (an outer chain: its StepInfo has them), on none of one without.
+  exp = experiment.parse_config(nano_config)
+  alg = experiment.build_algorithm(exp)
+  abstract = step_lib.init_state(exp, alg, jax.random.key(0))[2]
+  rounds = jax.eval_shape(alg.step, abstract, abstract.params)[1].drift is not None
+  for row in read_metrics(str(tmp_path / name)):
+    present = {k for k in DRIFT_KEYS if k in row}
+    assert present == (set(DRIFT_KEYS) if rounds else set()), (row['step'], present)
+    if rounds:
+      assert -1 <= row['pg_cosine'] <= 1 and row['pg_norm'] >= row['pg_mean_norm'] > 0
+      assert np.isfinite(row['consensus_distance']) and row['consensus_distance'] >= 0
 
 
 @pytest.mark.slow

@@ -54,6 +54,7 @@ API_GROUPS = [
 # loco objects outside `loco.__all__` that its signatures and docstrings name.
 REFERRED = [
     'loco.wire.Wire',
+    'loco.comm.drift.Drift',
     'loco.engine.AsyncReplay',
     'loco.algorithms.spec.Key',
     'loco.data.pipeline.TrainIterator',

@@ -99,21 +99,24 @@ def check(name: str, kwargs: dict[str, Any]) -> None:
   spec_of(name).check(name, kwargs)
 
 
-def make(name: str, inner: optax.GradientTransformation, *, mesh=None, **kwargs: Any) -> Algorithm:
+def make(name: str, inner: optax.GradientTransformation, *, mesh=None,
+         diagnostics: bool = True, **kwargs: Any) -> Algorithm:
   """Builds the registered algorithm `name` with the given keys, checked (`check`);
-  the engine's keys (`spec.ENGINE_KEYS`) are applied to what the factory built."""
+  the engine's keys (`spec.ENGINE_KEYS`) are applied to what the factory built.
+  `diagnostics`: whether its syncs measure drift (`engine.diagnostics`; `StepInfo.drift`)."""
   check(name, kwargs)
-  return build(name, inner, mesh=mesh, **kwargs)
+  return build(name, inner, mesh=mesh, diagnostics=diagnostics, **kwargs)
 
 
 def build(name: str, inner: optax.GradientTransformation, *, mesh=None,
-          **kwargs: Any) -> Algorithm:
+          diagnostics: bool = True, **kwargs: Any) -> Algorithm:
   """`make` without the range checks: for keys already checked on their concrete
   values whose values are now traced (`loco.run_axis` maps runs' knobs)."""
   spec = spec_of(name)
   engine_keys = {k: kwargs.pop(k) for k in list(kwargs)
                  if k in spec_lib.ENGINE_KEYS and k not in spec.factory_keys()}
-  algorithm = spec.factory(inner, mesh=mesh, **kwargs)
+  with engine.diagnostics(diagnostics):
+    algorithm = spec.factory(inner, mesh=mesh, **kwargs)
   if engine_keys.get('local_steps') is not None:
     algorithm = engine.with_local_steps(algorithm, engine_keys['local_steps'])
   return algorithm

@@ -7,6 +7,8 @@ The modules::
   gossip   one mixing step over a graph (all-reduce / sparse ppermute / dense), gossip
   sparse   compressed collectives: sparse_all_gather_mean, compressed_all_reduce_mean
   ties     ties_mean: outer gradients pruned by magnitude and merged by sign (TIES)
+  drift    a sync's drift diagnostics (pseudo-gradient norms and cosine, consensus
+           distance): reductions over the worker axis that measure, not communicate
 
 The graphs themselves (topologies, random families, `resolve_topology`) are host-side
 numpy in `loco.topology`; the names below re-export the ones algorithms use.
@@ -15,6 +17,7 @@ numpy in `loco.topology`; the names below re-export the ones algorithms use.
 from loco.comm.core import (TRANSPORT_DTYPES, WORKERS, WorkerContext, alive_of, alive_peers,
                             all_reduce_mean, empty_wire, ring_all_reduce_state,
                             static_num_workers, transport_dtype, tree_bytes, worker_mean)
+from loco.comm.drift import Drift
 from loco.comm.gossip import (GossipState, Mixed, gossip, keep_snapshots, mixing_step,
                               round_key)
 from loco.comm.sparse import (CompressedState, compressed_all_reduce_mean,

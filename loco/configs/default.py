@@ -162,6 +162,10 @@ def get_config() -> config_dict.ConfigDict:
   c.metrics.wandb_entity = placeholder(str)   # W&B team or user; None: the account's default
   c.metrics.wandb_mode = placeholder(str)     # offline (None; files in workdir/wandb/, no
                                               # network) | online | disabled (no W&B)
+  c.metrics.diagnostics = True      # drift at every sync of an algorithm with rounds:
+  #   pg_norm, pg_mean_norm, pg_cosine, consensus_distance in the rows (loco/comm/drift.py;
+  #   the mean over the row's syncs). Off: on a mesh the program holds no all-reduce but
+  #   the algorithm's own (the diagnostics reduce over the worker axis)
 
   c.checkpoint = config_dict.ConfigDict()
   c.checkpoint.every = 100          # steps between checkpoints (multiple of log_every); 0: only at the end
