@@ -50,7 +50,9 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
+from launch import claims_figures
 from loco import cli
+from loco import network as network_lib
 from loco import plots
 from loco import report
 from loco import runs as runs_lib
@@ -70,6 +72,14 @@ COMMAND = 'python -m launch.claims --out=runs/claims70'
 SLOW_LINKS = {'network.profile': 'slow_links', 'network.slow_workers': 2,
               'network.slow_factor': 100.0, 'network.bandwidth': 1.25e8,
               'network.latency': 0.01, 'network.step_seconds': 0.1}
+
+# The networks a method is chosen for (the page's figures against simulated time): every
+# synchronous final re-timed on each, with claim 9's compute per inner step. The latency
+# falls with the bandwidth as between regions far apart, near, and in one metro area.
+NETWORKS = {f'gbit{gbit}_{ms}ms': {
+    'network.profile': 'homogeneous', 'network.bandwidth': gbit * network_lib.GBIT,
+    'network.latency': ms / 1000, 'network.step_seconds': SLOW_LINKS['network.step_seconds']}
+    for gbit, ms in ((1, 100), (10, 30), (100, 10))}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -626,7 +636,9 @@ def _plot(claim: Claim, g, out, scale, t9, path) -> None:
         ax.axhline(t9['target'], color='grey', linestyle=':', linewidth=1)
     else:
       series = {n: g[n].curves for n in names if n in g}
-      plots.seed_curves(ax, series, 'tokens', title=title)
+      warm = claims_figures.warm_names(_finals(scale))
+      plots.seed_curves(ax, series, claims_figures.tokens_label(list(series), warm),
+                        title=title)
   plots.save(fig, path)
 
 
@@ -929,6 +941,8 @@ def write_page(out: str, scale: Scale, page: str, figures: str,
   t9 = times_to_target(out, scale, g)
   more = small_effects(scale, g, picks)
   g = {**g, **derived_groups(g)}
+  g = claims_figures.offset_warm_starts(g, out, finals(scale, more), scale.budget)
+  warm = claims_figures.warm_names(finals(scale, more))
   os.makedirs(figures, exist_ok=True)
   rel = os.path.relpath(figures, os.path.dirname(page) or '.')
   table = topology_table(g, scale)
@@ -973,7 +987,8 @@ def write_page(out: str, scale: Scale, page: str, figures: str,
         f'Verdict: **{word}**.', *(_tests_text(v, claim.units) if v else []), '',
         *(['Values are simulated seconds (slow links) to the target; bytes are the runs\'.',
            ''] if claim.x == 'sim_seconds' else []),
-        *table_rows, '', f'![claim {claim.number}]({rel}/{figure})', '']))
+        *table_rows, '', f'![claim {claim.number}]({rel}/{figure})',
+        *claims_figures.caption(claim.finals, warm), '']))
   tuning = ['| method | settings tried (final eval loss, seed 0, tuning split) | pick | '
             'still at an edge |', '|---|---|---|---|']
   for name, p in picks.items():
@@ -1031,6 +1046,8 @@ def write_page(out: str, scale: Scale, page: str, figures: str,
       '',
       fig('gasloc_chi', 'GASLoC gap against chi1'),
       '',
+      *claims_figures.section(out, g, finals(scale, more), methods(scale), scale.budget,
+                              NETWORKS, figures, rel),
       '## DiLoCo against DDP across model sizes (arXiv 2503.09799)',
       '',
       *scaling_text(scaling_dirs, figures, rel),
@@ -1088,6 +1105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     more = small_effects(scale, g, picks)
     if more:      # a claim's effect under 1%: its finals train two more seeds
       picks, g = run(finals(scale, more))
+    claims_figures.retime_finals(args.out, finals(scale, more), scale.budget, NETWORKS)
     print(f'claims page: {write_page(args.out, scale, page, figures, picks, g, args.scaling)}')
     return 0
 
