@@ -127,10 +127,11 @@ def offset_warm_starts(g: Mapping[str, Group], out: str, finals: Sequence[Final]
     seeds = list(x.losses)      # the curves are in the order of the scored seeds
     curves = [frontier.shift(c, _phase(per_seed, s, 'tokens'))
               for s, c in zip(seeds, x.curves)]
-    mean = lambda key: float(np.mean([_phase(per_seed, s, key) for s in seeds] or [0]))  # noqa: E731
+    before = {k: float(np.mean([_phase(per_seed, s, k) for s in seeds] or [0.0]))
+              for k in ('bytes_sent', 'bytes_received')}
     result[name] = dataclasses.replace(
-        x, curves=curves, bytes_sent=x.bytes_sent + mean('bytes_sent'),
-        bytes_received=x.bytes_received + mean('bytes_received'))
+        x, curves=curves, bytes_sent=x.bytes_sent + before['bytes_sent'],
+        bytes_received=x.bytes_received + before['bytes_received'])
   return result
 
 
@@ -148,7 +149,8 @@ def caption(names: Sequence[str], warm: Sequence[str]) -> list[str]:
     return []
   return ['', f'{", ".join(drawn)} start{"s" * (len(drawn) == 1)} from DDP\'s checkpoint '
           'of the same seed: their curves begin at the tokens DDP had trained by then (not '
-          'at 0), so at equal x every curve has seen equal tokens.']
+          'at 0), so at equal x every curve has seen equal tokens, and their bytes include '
+          'DDP\'s up to the checkpoint.']
 
 
 # ---- loss against simulated time ------------------------------------------------------
