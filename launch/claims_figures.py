@@ -231,7 +231,7 @@ def _draw_time_to_target(t: Timing, labels: Mapping[str, str], path: str) -> str
            if name in t.to_target[net]]
     ax.plot([k for k, _ in pts], [y for _, y in pts], label=name, **plots.style(i, len(names)))
   ax.set_xticks(range(len(nets)), [labels[n] for n in nets])
-  ax.set_yscale('log')
+  plots.log_axis(ax.yaxis)
   ax.set_xlabel('network (bandwidth, latency)')
   ax.set_ylabel(f'simulated seconds to eval loss {t.target:.3f}')
   ax.grid(True, alpha=0.3)
@@ -314,7 +314,6 @@ def fronts(pts: Sequence[Point]) -> dict[str, list[Point]]:
 
 
 def _draw_pareto(pts: Sequence[Point], front: Mapping[str, Sequence[Point]], path: str) -> str:
-  from matplotlib import ticker
   families = list(dict.fromkeys(p.family for p in pts))
   color = {f: f'C{i % 10}' for i, f in enumerate(families)}
   fig, axes = plots.figure(2, 6.2, 4.6)
@@ -342,14 +341,21 @@ def _draw_pareto(pts: Sequence[Point], front: Mapping[str, Sequence[Point]], pat
       for p in members:
         ax.annotate(p.name, (getattr(p, key), p.loss), fontsize=5, xytext=(3, -7),
                     textcoords='offset points')
-    ax.set_xscale('log')
-    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: plots.si(x, 'B')))
+    plots.log_axis(ax.xaxis, 'B')
     ax.set_xlabel(f'bytes {key} per worker (whole run)')
     ax.set_ylabel('final eval loss (mean; bars: lowest to highest seed)')
     ax.grid(True, alpha=0.3)
-  handles, labels = axes[0].get_legend_handles_labels()
-  axes[0].legend(handles, labels, fontsize=5, ncol=2)
-  plots.save(fig, path, dpi=110)
+  found = {}
+  for ax in axes:
+    for h, label in zip(*ax.get_legend_handles_labels()):
+      found.setdefault(label, h)
+  fig.legend(list(found.values()), list(found), loc='lower center', fontsize='small',
+             ncol=min(len(found), 5))
+  rows = math.ceil(len(found) / 5)
+  fig.tight_layout(rect=(0, (0.1 + 0.22 * rows) / fig.get_figheight(), 1, 1))
+  fig.savefig(path, dpi=110)
+  from matplotlib import pyplot      # loaded (on Agg) by plots.figure
+  pyplot.close(fig)
   return path
 
 

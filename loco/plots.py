@@ -190,6 +190,19 @@ def network_panels(panels: Sequence[tuple[str, Series]], path: str,
   return path
 
 
+def log_axis(axis, unit: str = '') -> None:
+  """A log axis labelled in SI steps at 1, 2 and 5 of each decade (`si`), so that a range
+  under a decade still has labels."""
+  from matplotlib import ticker
+  if axis is axis.axes.xaxis:
+    axis.axes.set_xscale('log')
+  else:
+    axis.axes.set_yscale('log')
+  axis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+  axis.set_major_formatter(ticker.FuncFormatter(lambda x, _: si(x, unit)))
+  axis.set_minor_formatter(ticker.NullFormatter())
+
+
 def _seed_band(ax, name: str, curves: Sequence[Curve], look: Mapping[str, Any]) -> None:
   """The mean over seeds with a lowest-to-highest band where their x values agree, else
   each seed thin (as `seed_curves`), in `look`."""
@@ -223,7 +236,6 @@ def curve_panels(panels: Sequence[tuple[str, Mapping[str, Sequence[Curve]]]], pa
   if not panels:
     return None
   plt = _pyplot()
-  from matplotlib import ticker
   names = list(dict.fromkeys(n for _, series in panels for n in series))
   looks = {n: dict(style(i, len(names)), markersize=3) for i, n in enumerate(names)}
   fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), sharey=True,
@@ -234,9 +246,7 @@ def curve_panels(panels: Sequence[tuple[str, Mapping[str, Sequence[Curve]]]], pa
       _seed_band(ax, n, curves, looks[n])
     xs = [x for curves in series.values() for c in curves for x, _ in c]
     if log_x and xs and min(xs) > 0:
-      ax.set_xscale('log')
-      ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: si(x)))
-      ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+      log_axis(ax.xaxis)
     if targets and title in targets:
       ax.axhline(targets[title], color='gray', linestyle='--', linewidth=1, zorder=1)
     ax.set_title(title, fontsize='medium')
@@ -249,7 +259,7 @@ def curve_panels(panels: Sequence[tuple[str, Mapping[str, Sequence[Curve]]]], pa
              ncol=min(len(handles), 4), fontsize='small')
   rows = math.ceil(len(handles) / 4)
   fig.set_figheight(3.8 + 0.22 * rows)
-  fig.tight_layout(rect=(0, (0.3 + 0.22 * rows) / fig.get_figheight(), 1, 1))
+  fig.tight_layout(rect=(0, (0.1 + 0.22 * rows) / fig.get_figheight(), 1, 1))
   os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
   fig.savefig(path, dpi=100)
   plt.close(fig)
