@@ -191,14 +191,17 @@ def network_panels(panels: Sequence[tuple[str, Series]], path: str,
 
 
 def log_axis(axis, unit: str = '') -> None:
-  """A log axis labelled in SI steps at 1, 2 and 5 of each decade (`si`), so that a range
-  under a decade still has labels."""
+  """A log axis of the data drawn so far, labelled in SI steps (`si`): at 1, 2 and 5 of
+  each decade where it spans under two decades (so a short range still has labels), at
+  each decade otherwise."""
   from matplotlib import ticker
   if axis is axis.axes.xaxis:
     axis.axes.set_xscale('log')
   else:
     axis.axes.set_yscale('log')
-  axis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+  low, high = axis.get_data_interval()
+  short = 0 < low and high < 100 * low
+  axis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0) if short else (1.0,)))
   axis.set_major_formatter(ticker.FuncFormatter(lambda x, _: si(x, unit)))
   axis.set_minor_formatter(ticker.NullFormatter())
 
