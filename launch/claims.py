@@ -61,7 +61,9 @@ from typing import Any, Callable, Collection, Mapping, Sequence
 
 import numpy as np
 
+from launch import claims_figures
 from loco import cli
+from loco import network as network_lib
 from loco import plots
 from loco import report
 from loco import runs as runs_lib
@@ -81,6 +83,14 @@ COMMAND = 'python -m launch.claims --out=runs/claims70'
 SLOW_LINKS = {'network.profile': 'slow_links', 'network.slow_workers': 2,
               'network.slow_factor': 100.0, 'network.bandwidth': 1.25e8,
               'network.latency': 0.01, 'network.step_seconds': 0.1}
+
+# The networks a method is chosen for (the page's figures against simulated time): every
+# synchronous final re-timed on each, with claim 9's compute per inner step. The latency
+# falls with the bandwidth as between regions far apart, near, and in one metro area.
+NETWORKS = {f'gbit{gbit}_{ms}ms': {
+    'network.profile': 'homogeneous', 'network.bandwidth': gbit * network_lib.GBIT,
+    'network.latency': ms / 1000, 'network.step_seconds': SLOW_LINKS['network.step_seconds']}
+    for gbit, ms in ((1, 100), (10, 30), (100, 10))}
 
 
 CHECK_SEED = 10     # the pick and its neighbour train again at this seed (study.Budget)
@@ -730,7 +740,9 @@ def _plot(claim: Claim, g, out, scale, t9, path, picks) -> None:
         ax.axhline(t9['target'], color='grey', linestyle=':', linewidth=1)
     else:
       series = {n: g[n].curves for n in names if n in g}
-      plots.seed_curves(ax, series, 'tokens', title=title)
+      warm = claims_figures.warm_names(_finals(scale))
+      plots.seed_curves(ax, series, claims_figures.tokens_label(list(series), warm),
+                        title=title)
   plots.save(fig, path)
 
 
@@ -759,11 +771,12 @@ def figure_paths(figures: str) -> dict[str, str]:
 
 
 def draw_figures(g: Mapping[str, Group], scale: Scale, figures: str,
-                 table: Mapping[tuple[str, int], Group]) -> dict[str, str]:
+                 table: Mapping[tuple[str, int], Group], picks: Mapping[str, Any]
+                 ) -> dict[str, str]:
   """The seed papers' key figures from the finals; returns name -> path."""
   paths = figure_paths(figures)
   get = g.get
-  dn = 'diloco_nesterov'
+  dn = ref(picks)          # the reference DiLoCo: H = 15, M = 8
   # DiLoCo against H, with DDP's line (2311.08105 Fig. 4; 2503.09799 Fig. 9).
   fig, (ax,) = plots.figure(1)
   hs = sorted(set(scale.h_series) | {scale.sync_every})
@@ -850,6 +863,77 @@ def draw_figures(g: Mapping[str, Group], scale: Scale, figures: str,
   ax.legend(fontsize=7)
   plots.save(fig, paths['gasloc_chi'])
   return paths
+
+
+def figure_methods(scale: Scale, picks: Mapping[str, Any]) -> list[Method]:
+  """The methods, and each family under its own name with its best member's keys (a
+  final of the family is that member's algorithm in the figures)."""
+  ms = methods(scale)
+  by_name = {m.name: m for m in ms}
+  return ms + [dataclasses.replace(by_name[ref(picks, f)], name=f)
+               for f in FAMILIES if ref(picks, f) in by_name]
+
+
+# ---- drift: the per-round diagnostics of claims 1, 2 and 4 ------------------------------
+
+DRIFT_PANELS = (('pg_cosine', 'mean cosine between workers\' pseudo-gradients'),
+                ('consensus_distance', 'consensus distance before the sync'),
+                ('pg_norm', 'pseudo-gradient norm (RMS over workers)'))
+
+
+def drift_finals(picks: Mapping[str, Any]) -> dict[int, tuple[str, ...]]:
+  """Per claim drawn: the finals whose drift shows its mechanism."""
+  return {1: (ref(picks), 'diloco_warm', 'diloco_m1'),
+          2: REFERENCE,
+          4: (ref(picks), 'streaming', 'streaming_p1')}
+
+
+def drift_curves(out: str, name: str, seeds: Sequence[int], key: str
+                 ) -> list[list[tuple[float, float]]]:
+  """Per seed with the key in its rows: (tokens, the row's value) over training."""
+  found = []
+  for s in seeds:
+    d = os.path.join(out, 'final', name, f'seed{s}')
+    if os.path.isfile(os.path.join(d, runs_lib.METRICS)):
+      rows = [(r['tokens'], r[key]) for r in runs_lib.read_metrics(d).rows if key in r]
+      if rows:
+        found.append(rows)
+  return found
+
+
+def drift_text(out: str, scale: Scale, g: Mapping[str, Group], picks: Mapping[str, Any],
+               figures: str, rel: str) -> list[str]:
+  """The drift figure (claims 1, 2 and 4: a row each, a panel per diagnostic, seed
+  bands) and what it shows, from the finals' metrics rows: no training."""
+  panels = drift_finals(picks)
+  fig, axes = plots.figure(len(DRIFT_PANELS) * len(panels), rows=len(panels))
+  drawn = False
+  for i, (number, names) in enumerate(panels.items()):
+    for j, (key, title) in enumerate(DRIFT_PANELS):
+      ax = axes[i * len(DRIFT_PANELS) + j]
+      series = {n: drift_curves(out, n, scale.budget.seeds, key) for n in names if n in g}
+      series = {n: c for n, c in series.items() if c}
+      drawn |= bool(series)
+      plots.seed_curves(ax, series, 'tokens', ylabel=key, title=f'claim {number}: {title}')
+  path = os.path.join(figures, 'drift.png')
+  plots.save(fig, path)
+  lines = ['## Drift at the syncs (claims 1, 2 and 4)', '',
+           'Per round, from the engine\'s diagnostics (`loco.comm.drift`: the mean of each '
+           'row\'s syncs): how far the workers drift apart within a round, and how much '
+           'their pseudo-gradients agree. A cosine near 1 means the workers see data alike '
+           'and a sync averages little away; the consensus distance is what a sync removes.',
+           '']
+  if not drawn:
+    return lines + ['No final of these claims has the diagnostics in its rows yet (runs '
+                    'made before them, or with `metrics.diagnostics` off).', '']
+  rows = ['| final | pg cosine, last row (mean over seeds) | consensus distance | '
+          'pg norm |', '|---|---|---|---|']
+  for name in dict.fromkeys(n for names in panels.values() for n in names):
+    last = [[c[-1][1] for c in drift_curves(out, name, scale.budget.seeds, k)]
+            for k, _ in DRIFT_PANELS]
+    if all(last):
+      rows.append(f'| {name} | ' + ' | '.join(f'{np.mean(v):.4g}' for v in last) + ' |')
+  return lines + rows + ['', f'![drift]({rel}/drift.png)', '']
 
 
 def chi1_of() -> dict[str, float]:
@@ -1077,10 +1161,12 @@ def write_page(out: str, scale: Scale, page: str, figures: str,
   t9 = times_to_target(out, scale, g, picks)
   more = undecided(scale, g, picks)
   g = {**g, **derived_groups(g, picks)}
+  g = claims_figures.offset_warm_starts(g, out, finals(scale, more), scale.budget)
+  warm = claims_figures.warm_names(finals(scale, more))
   os.makedirs(figures, exist_ok=True)
   rel = os.path.relpath(figures, os.path.dirname(page) or '.')
   table = topology_table(g, scale)
-  paths = draw_figures(g, scale, figures, table)
+  paths = draw_figures(g, scale, figures, table, picks)
   fill = dict(rounds=scale.rounds, tpw=f'{scale.tokens_per_weight:.1f}',
               steps_h1=scale.budget.steps_h1)
   rows, details, words = [], [], {}
@@ -1125,7 +1211,8 @@ def write_page(out: str, scale: Scale, page: str, figures: str,
         f'Verdict: **{word}**.', *(_tests_text(v, claim.units) if v else []), '',
         *(['Values are simulated seconds (slow links) to the target; bytes are the runs\'.',
            ''] if claim.x == 'sim_seconds' else []),
-        *table_rows, '', f'![claim {claim.number}]({rel}/{figure})', '']))
+        *table_rows, '', f'![claim {claim.number}]({rel}/{figure})',
+        *claims_figures.caption(claim.shown(picks), warm), '']))
   tuning = [f'| method or re-tuned variant | settings tried (final eval loss, seed '
             f'{scale.budget.tune_seed}, tuning split) | pick | at seed {CHECK_SEED}: the pick '
             'and its neighbour | passed over, flag | still at an edge |',
@@ -1192,6 +1279,9 @@ def write_page(out: str, scale: Scale, page: str, figures: str,
       '',
       fig('gasloc_chi', 'GASLoC gap against chi1'),
       '',
+      *claims_figures.section(out, g, finals(scale, more), figure_methods(scale, picks),
+                              scale.budget, NETWORKS, figures, rel),
+      *drift_text(out, scale, g, picks, figures, rel),
       '## DiLoCo against DDP across model sizes (arXiv 2503.09799)',
       '',
       *scaling_text(scaling_dirs, figures, rel),
@@ -1254,6 +1344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     more = undecided(scale, g, picks)
     if more:      # a first look left a claim undecided: its finals train the extra seeds
       picks, g = run(finals(scale, more))
+    claims_figures.retime_finals(args.out, finals(scale, more), scale.budget, NETWORKS)
     print(f'claims page: {write_page(args.out, scale, page, figures, picks, g, args.scaling)}')
     return 0
 

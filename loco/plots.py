@@ -19,10 +19,13 @@ def _pyplot():
   return plt
 
 
-def figure(panels: int, width: float = 5.0, height: float = 3.6):
-  """(fig, axes): a row of `panels` axes of `width` x `height` inches each."""
-  fig, axes = _pyplot().subplots(1, panels, figsize=(width * panels, height), squeeze=False)
-  return fig, list(axes[0])
+def figure(panels: int, width: float = 5.0, height: float = 3.6, rows: int = 1):
+  """(fig, axes): `panels` axes of `width` x `height` inches each, in `rows` rows filled
+  row by row (a row of them by default)."""
+  cols = -(-panels // rows)
+  fig, axes = _pyplot().subplots(rows, cols, figsize=(width * cols, height * rows),
+                                 squeeze=False)
+  return fig, [ax for row in axes for ax in row][:panels]
 
 
 def seed_curves(ax, series: Mapping[str, Sequence[Curve]], xlabel: str,
@@ -186,5 +189,84 @@ def network_panels(panels: Sequence[tuple[str, Series]], path: str,
   fig.tight_layout(rect=(0, 0.4 / fig.get_figheight(), 1, 1))
   os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
   fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def log_axis(axis, unit: str = '') -> None:
+  """A log axis of the data drawn so far, labelled in SI steps (`si`): at 1, 2 and 5 of
+  each decade where it spans under two decades (so a short range still has labels), at
+  each decade otherwise."""
+  from matplotlib import ticker
+  if axis is axis.axes.xaxis:
+    axis.axes.set_xscale('log')
+  else:
+    axis.axes.set_yscale('log')
+  low, high = axis.get_data_interval()
+  short = 0 < low and high < 100 * low
+  axis.set_major_locator(ticker.LogLocator(subs=(1.0, 2.0, 5.0) if short else (1.0,)))
+  axis.set_major_formatter(ticker.FuncFormatter(lambda x, _: si(x, unit)))
+  axis.set_minor_formatter(ticker.NullFormatter())
+
+
+def _seed_band(ax, name: str, curves: Sequence[Curve], look: Mapping[str, Any]) -> None:
+  """The mean over seeds with a lowest-to-highest band where their x values agree, else
+  each seed thin (as `seed_curves`), in `look`."""
+  curves = [c for c in curves if len(c)]
+  if not curves:
+    return
+  n = min(len(c) for c in curves)
+  xs = np.array([[x for x, _ in c[:n]] for c in curves], dtype=float)
+  ys = np.array([[y for _, y in c[:n]] for c in curves], dtype=float)
+  seeds = f'{len(curves)} seed{"s" * (len(curves) > 1)}'
+  if np.allclose(xs, xs[0]):
+    ax.plot(xs[0], ys.mean(axis=0), label=f'{name} ({seeds})', **look)
+    if len(curves) > 1:
+      ax.fill_between(xs[0], ys.min(axis=0), ys.max(axis=0), color=look['color'],
+                      alpha=0.15, linewidth=0, zorder=1)
+  else:
+    thin = dict(look, linewidth=1.0, markersize=3)
+    for k, c in enumerate(curves):
+      ax.plot([x for x, _ in c], [y for _, y in c], label=f'{name} ({seeds})' if k == 0
+              else None, **thin)
+
+
+def curve_panels(panels: Sequence[tuple[str, Mapping[str, Sequence[Curve]]]], path: str,
+                 xlabel: str, ylabel: str = 'eval loss (nats/token)',
+                 targets: Mapping[str, float] | None = None, log_x: bool = True
+                 ) -> str | None:
+  """One panel per (title, {name: per-seed curves}), side by side with a shared y axis:
+  each name in the same colour, line style and marker in every panel (`style`), seeds as
+  their mean with a min-max band, a shared legend below; x on a log axis where every x is
+  positive (`log_x`), `targets[title]` as a dashed line. None if there is no panel."""
+  if not panels:
+    return None
+  plt = _pyplot()
+  names = list(dict.fromkeys(n for _, series in panels for n in series))
+  looks = {n: dict(style(i, len(names)), markersize=3) for i, n in enumerate(names)}
+  fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.8), sharey=True,
+                           squeeze=False)
+  handles = {}
+  for ax, (title, series) in zip(axes[0], panels):
+    for n, curves in series.items():
+      _seed_band(ax, n, curves, looks[n])
+    xs = [x for curves in series.values() for c in curves for x, _ in c]
+    if log_x and xs and min(xs) > 0:
+      log_axis(ax.xaxis)
+    if targets and title in targets:
+      ax.axhline(targets[title], color='gray', linestyle='--', linewidth=1, zorder=1)
+    ax.set_title(title, fontsize='medium')
+    ax.set_xlabel(xlabel)
+    ax.grid(True, alpha=0.3)
+    for h, label in zip(*ax.get_legend_handles_labels()):
+      handles.setdefault(label, h)
+  axes[0][0].set_ylabel(ylabel)
+  fig.legend(list(handles.values()), list(handles), loc='lower center',
+             ncol=min(len(handles), 4), fontsize='small')
+  rows = math.ceil(len(handles) / 4)
+  fig.set_figheight(3.8 + 0.22 * rows)
+  fig.tight_layout(rect=(0, (0.1 + 0.22 * rows) / fig.get_figheight(), 1, 1))
+  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
+  fig.savefig(path, dpi=100)
   plt.close(fig)
   return path

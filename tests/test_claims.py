@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from launch import claims
+from launch import claims_figures
 from loco import study
 from loco import sweep
 
@@ -391,14 +392,29 @@ def test_the_quick_claims_page_is_written_end_to_end(tmp_path, in_repo):
   with open(os.path.join(out, 'final', 'diloco_warm', 'seed1', 'log.txt')) as f:
     assert 'warm start from' in f.read()
   assert os.path.isdir(os.path.join(out, 'final', 'gasloc', 'seed1', 'retimed', 'slow_links'))
+  # Every synchronous final re-timed on the page's networks, drawn against simulated
+  # time and bytes; the asynchronous one is not re-timed.
+  for name in ('ddp', 'diloco_warm', 'sparse_d25_f32', 'dadamw_ring'):
+    for network in claims.NETWORKS:
+      assert os.path.isdir(os.path.join(out, 'final', name, 'seed1', 'retimed', network))
+  assert not os.path.isdir(os.path.join(out, 'final', 'gasloc_async_overlap', 'seed1',
+                                        'retimed', 'gbit1_100ms'))
+  for path in claims_figures.figure_paths(os.path.join(tmp_path, claims.FIGURES)).values():
+    assert os.path.getsize(path) > 1000, path
+  assert '## Choosing a method: loss against simulated time, and against bytes' in text
+  assert '| gbit1_100ms | 1 Gbit/s | 100 ms | 0.1 s |' in text
+  assert '| final | on the front of | bytes sent / worker |' in text
   mtime = os.path.getmtime(os.path.join(out, 'final', 'ddp', 'seed1', 'metrics.jsonl'))
   assert claims.main(['--quick', f'--out={out}', f'--page={page}']) == 0
   assert os.path.getmtime(os.path.join(out, 'final', 'ddp', 'seed1', 'metrics.jsonl')) == mtime
   # Writing the page without training scores a final that is finished but not scored.
   evals = os.path.join(out, 'final', 'ddp', 'seed1', 'evals')
   shutil.rmtree(evals)
+  # ... and re-times a final on a network it lacks (no training: a replay), redrawing.
+  retimed = os.path.join(out, 'final', 'ddp', 'seed1', 'retimed', 'gbit10_30ms')
+  shutil.rmtree(retimed)
   assert claims.main(['--quick', f'--out={out}', f'--page={page}', '--page_only']) == 0
-  assert os.listdir(evals)
+  assert os.listdir(evals) and os.path.isfile(os.path.join(retimed, 'metrics.jsonl'))
 
 
 def test_a_damaged_clock_file_is_one_line(tmp_path, capsys):
