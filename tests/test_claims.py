@@ -434,3 +434,31 @@ def test_an_out_that_is_a_file_and_bad_flags_are_one_line(tmp_path, capsys):
   assert e.value.code == 2
   err = capsys.readouterr().err.strip().splitlines()
   assert len(err) == 1 and err[0].startswith('launch.claims: error: argument --parallel')
+
+
+def test_the_drift_figure_reads_the_finals_diagnostics(tmp_path):
+  """Claims 1, 2 and 4's drift from the rows' diagnostics, no training: the table holds
+  the last row's value per final (mean over seeds); finals without them are left out."""
+  import json
+  scale = claims.SCALES['quick']
+  picks = {'diloco': {'member': 'diloco_nesterov'}}
+  out = str(tmp_path / 'out')
+  for name, cos in (('diloco_nesterov', 0.5), ('streaming', 0.7)):
+    for seed in scale.budget.seeds:
+      d = os.path.join(out, 'final', name, f'seed{seed}')
+      os.makedirs(d)
+      with open(os.path.join(d, 'metrics.jsonl'), 'w') as f:
+        for step in (6, 12):
+          f.write(json.dumps({'step': step, 'tokens': 100 * step, 'train_loss': 3.0,
+                              'pg_cosine': cos + 0.01 * seed, 'consensus_distance': 0.2,
+                              'pg_norm': 1.5}) + '\n')
+  g = {n: _group(n, [2.0, 2.0, 2.0]) for n in ('diloco_nesterov', 'streaming', 'ddp')}
+  figures = str(tmp_path / 'figures')
+  os.makedirs(figures)
+  text = '\n'.join(claims.drift_text(out, scale, g, picks, figures, 'figures'))
+  assert '| diloco_nesterov | 0.515 | 0.2 | 1.5 |' in text     # seeds 1 and 2: 0.51, 0.52
+  assert '| streaming | 0.715 | 0.2 | 1.5 |' in text
+  assert 'diloco_warm' not in text and '![drift](figures/drift.png)' in text
+  assert os.path.getsize(os.path.join(figures, 'drift.png')) > 1000
+  empty = '\n'.join(claims.drift_text(str(tmp_path / 'none'), scale, g, picks, figures, 'f'))
+  assert 'No final of these claims has the diagnostics' in empty
