@@ -35,6 +35,7 @@ import dataclasses
 import datetime
 import functools
 import glob
+import json
 import math
 import os
 import time
@@ -495,6 +496,20 @@ def final_runs(methods: Sequence[Method], finals: Sequence[Final], budget: Budge
           for f in finals for seed in f.seeds_of(budget)]
 
 
+def stale(runs: Sequence[Run], folder: str) -> list[str]:
+  """The runs under `folder` that finished with other keys than `runs` now give them (a
+  pick that moved since, e.g. after a re-tune or a check seed): the sweep would skip
+  them as finished, and their results would stand for a setting they did not train."""
+  found = []
+  for r in runs:
+    status = runs_lib.read_status(os.path.join(folder, r.name)) or {}
+    kept = status.get('overrides')
+    if status.get('state') == 'finished' and isinstance(kept, dict) and \
+        kept != json.loads(json.dumps(r.overrides)):
+      found.append(r.name)
+  return found
+
+
 def _final_run(out: str, name: str, seed: int) -> runs_lib.Run | None:
   """A final's run as its files tell it, None if it is not there."""
   d = os.path.join(out, 'final', name, f'seed{seed}')
@@ -870,8 +885,14 @@ def run_all(out: str, methods: Sequence[Method], finals: Sequence[Final], budget
   `retimed` (all if None) on each network (`loco.retime`). `families` (name -> methods):
   a final may name a family for its best-tuned member (`add_families`)."""
   picks = tune(out, methods, budget, parallel, train, batch_runs, finals, families)
+  runs = final_runs(methods, finals, budget, picks, out)
+  old = stale(runs, os.path.join(out, 'final'))
+  if old:
+    raise LocoError(f'{len(old)} finished finals in {os.path.join(out, "final")} were '
+                    f'trained with other keys than the picks now give ({", ".join(old[:3])}'
+                    f'{", ..." if len(old) > 3 else ""}): a pick moved since. Delete them '
+                    'to retrain them, or give another --out.')
   if train:
-    runs = final_runs(methods, finals, budget, picks, out)
     code = run_sweep(runs, os.path.join(out, 'final'), parallel, report=False,
                      batch_runs=batch_runs)
     if code == 130:

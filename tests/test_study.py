@@ -624,3 +624,29 @@ def test_the_planned_tuning_counts_every_method_and_retuned_variant():
       sum(study.run_units({**study.run_keys(ms[1], s.budget, tuning=True), **f.keys})
           if not f.method.startswith(('gasloc_h1', 'dadamw', 'adpsgd', 'a2cid2', 'noloco'))
           else 300 / 1050 for f in retuned))
+
+
+def test_a_final_trained_at_an_old_pick_is_refused_not_reported(tmp_path):
+  """A finished final whose status records other keys than the plan's (a pick moved,
+  e.g. after a check seed passed it over) is named; the study stops instead of scoring
+  it as the new pick's."""
+  m = study.Method('diloco', {'algorithm.outer_momentum': 0.9}, OUTER)
+  out, tune_dir = str(tmp_path), os.path.join(str(tmp_path), 'tune')
+  loss = _bowl(3e-3, 0.7)
+  for _ in range(3):
+    wanted, _, known = study._known(tune_dir, m, BUDGET)
+    _finish(out, 'diloco', [s for s in wanted if study.label(s) not in known], loss)
+  picks = study.tune(out, [m], BUDGET, train=False)
+  runs = study.final_runs([m], [study.Final('diloco', 'diloco')], BUDGET, picks, out)
+  final = os.path.join(out, 'final')
+  for r in runs:
+    os.makedirs(os.path.join(final, r.name))
+    with open(os.path.join(final, r.name, 'status.json'), 'w') as f:
+      json.dump({'state': 'finished', 'overrides': r.overrides}, f)
+  assert study.stale(runs, final) == []
+  moved = {**runs[1].overrides, OUTER.key: 1.0}
+  with open(os.path.join(final, runs[1].name, 'status.json'), 'w') as f:
+    json.dump({'state': 'finished', 'overrides': moved}, f)
+  assert study.stale(runs, final) == ['diloco/seed2']
+  with pytest.raises(LocoError, match='1 finished finals .* were trained with other keys'):
+    study.run_all(out, [m], [study.Final('diloco', 'diloco')], BUDGET, train=False)
