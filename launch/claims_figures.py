@@ -343,7 +343,7 @@ def _draw_pareto(pts: Sequence[Point], front: Mapping[str, Sequence[Point]], pat
                     textcoords='offset points')
     plots.log_axis(ax.xaxis, 'B')
     ax.set_xlabel(f'bytes {key} per worker (whole run)')
-    ax.set_ylabel('final eval loss (mean; bars: lowest to highest seed)')
+    ax.set_ylabel('final eval loss (mean, bars: seed range)')
     ax.grid(True, alpha=0.3)
   found = {}
   for ax in axes:
