@@ -750,7 +750,7 @@ def _plot(claim: Claim, g, out, scale, t9, path, picks) -> None:
 
 def _band(ax, xs, groups, color, label, marker='o'):
   """Mean over seeds (line) with the lowest-to-highest seed band, at the xs present."""
-  pts = [(x, grp) for x, grp in zip(xs, groups) if grp is not None]
+  pts = [(x, grp) for x, grp in zip(xs, groups) if grp is not None and grp.values]
   if not pts:
     return
   x = [p[0] for p in pts]
@@ -760,7 +760,7 @@ def _band(ax, xs, groups, color, label, marker='o'):
 
 
 def _hline(ax, grp, color, label):
-  if grp is not None:
+  if grp is not None and grp.values:     # not where every seed diverged
     ax.axhline(grp.mean, color=color, linestyle='--', linewidth=1, label=label)
     ax.axhspan(min(grp.values), max(grp.values), color=color, alpha=0.1)
 

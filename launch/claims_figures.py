@@ -343,7 +343,7 @@ def _draw_pareto(pts: Sequence[Point], front: Mapping[str, Sequence[Point]], pat
                     textcoords='offset points')
     plots.log_axis(ax.xaxis, 'B')
     ax.set_xlabel(f'bytes {key} per worker (whole run)')
-    ax.set_ylabel('final eval loss (mean; bars: lowest to highest seed)')
+    ax.set_ylabel('final eval loss (mean, bars: seed range)')
     ax.grid(True, alpha=0.3)
   found = {}
   for ax in axes:
@@ -359,18 +359,27 @@ def _draw_pareto(pts: Sequence[Point], front: Mapping[str, Sequence[Point]], pat
   return path
 
 
-def front_table(front: Mapping[str, Sequence[Point]], t: Timing | None,
+def whole_runs(out: str, finals: Sequence[Final], budget: study.Budget,
+               names: Sequence[str], networks: Sequence[str]) -> dict[str, dict[str, float]]:
+  """network -> final -> its whole run's simulated seconds there, mean over the seeds
+  re-timed (a warm start's with its source run's seconds before it)."""
+  return {net: {n: float(np.mean([c[-1][0] for c in cs]))
+                for n, cs in time_curves(out, finals, budget, names, net).items()}
+          for net in networks}
+
+
+def front_table(front: Mapping[str, Sequence[Point]], totals: Mapping[str, Mapping[str, float]],
                 labels: Mapping[str, str]) -> list[str]:
   """The members of either front: bytes, loss, and the whole run's simulated seconds on
-  each network where it was re-timed."""
-  nets = list(t.total) if t else []
+  each network (`totals`: network -> final -> seconds, as `whole_runs`)."""
+  nets = list(totals)
   members = {p.name: p for key in ('sent', 'received') for p in front[key]}
   rows = ['| final | on the front of | bytes sent / worker | bytes received / worker | '
           'final eval loss (mean) | ' + ''.join(f'{labels[n]}: whole run | ' for n in nets),
           '|---|---|---|---|---|' + '---|' * len(nets)]
   for p in sorted(members.values(), key=lambda p: p.sent):
     on = ' and '.join(k for k in ('sent', 'received') if p in front[k])
-    cells = ''.join(f'{_seconds(t.total[n].get(p.name))} | ' for n in nets)
+    cells = ''.join(f'{_seconds(totals[n].get(p.name))} | ' for n in nets)
     rows.append(f'| {p.name} | {on} | {report.human_bytes(p.sent)} | '
                 f'{report.human_bytes(p.received)} | {p.loss:.4f} | {cells}')
   return rows
@@ -455,7 +464,8 @@ def section(out: str, g: Mapping[str, Group], finals: Sequence[Final],
                  if off else '')
               + (f'Sending nothing (not drawn on the log axis): {", ".join(silent)}.'
                  if silent else ''), '',
-              *front_table(front, t, labels), '']
+              *front_table(front, whole_runs(out, finals, budget, list({
+                  p.name for k in front for p in front[k]}), list(networks)), labels), '']
   else:
     lines += ['No final is scored yet: the Pareto front follows.', '']
   return lines

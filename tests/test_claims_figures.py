@@ -115,7 +115,7 @@ def test_the_pareto_front_is_over_the_finals_at_the_pages_token_budget():
   front = cf.fronts(pts)
   assert [p.name for p in front['sent']] == ['sp', 'dn', 'ddp']
   assert [p.name for p in front['received']] == ['dn', 'ddp']   # sp receives 200 B
-  rows = cf.front_table(front, None, {})
+  rows = cf.front_table(front, {}, {})
   assert rows[2].startswith('| sp | sent | 10 B | 200 B | 2.2500 |')
   assert rows[3].startswith('| dn | sent and received | 100 B | 100 B | 2.1000 |')
 
@@ -138,6 +138,8 @@ def test_the_section_draws_its_figures_and_says_what_is_missing(tmp_path):
   assert '| gbit1_100ms | 1 Gbit/s | 100 ms | 0.1 s | 1.500 s |' in lines
   assert '![loss against simulated time](f/sim_time.png)' in lines
   assert '| dn | 2.1500 ± 0.0707 | **' in lines
+  # The front's members with their whole run on each network (dn: 12 steps x 0.2 s).
+  assert '| dn | sent and received | 120 B | 120 B | 2.1500 | 2 s | ' in lines
   for name in cf.FIGURES.values():
     assert os.path.getsize(os.path.join(figures, name)) > 1000, name
 
