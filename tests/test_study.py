@@ -501,16 +501,9 @@ def test_the_pick_rules_false_positive_rate_by_simulation():
 # ---- the sequential seed rule --------------------------------------------------------
 
 def _looks(d, alpha):
-  """The two-look rule, vectorised over rows of per-seed differences minus the margin
-  (columns: the 3 first seeds, then the 2 extra): P(claim accepted) at each look."""
-  def ci(x):
-    n = x.shape[1]
-    half = (stats_lib.t_critical(n - 1, 1 - 2 * alpha) * x.std(1, ddof=1) / math.sqrt(n))
-    return x.mean(1) - half, x.mean(1) + half
-  lo1, hi1 = ci(d[:, :3])
-  go_on = (hi1 >= 0) & (lo1 <= 0)
-  lo2, hi2 = ci(d)
-  return (hi1 < 0) | (go_on & (hi2 < 0)), (lo1 > 0) | (go_on & (lo2 > 0))
+  """The two-look rule, vectorised (`study.two_look_rates`), checked against
+  `study.sequential` on Groups below."""
+  return study.two_look_rates(d, alpha)
 
 
 def test_the_two_look_rule_keeps_its_level_at_the_margin_and_a_naive_one_does_not():
@@ -650,3 +643,20 @@ def test_a_final_trained_at_an_old_pick_is_refused_not_reported(tmp_path):
   assert study.stale(runs, final) == ['diloco/seed2']
   with pytest.raises(LocoError, match='1 finished finals .* were trained with other keys'):
     study.run_all(out, [m], [study.Final('diloco', 'diloco')], BUDGET, train=False)
+
+
+@pytest.mark.slow
+def test_the_protocol_rates_script_prints_both_rules_and_refuses_bad_input():
+  out = _study_cost_like('scripts/protocol_rates.py', '--trials=2000')
+  assert out.returncode == 0, out.stderr
+  assert 'Pocock, each look at 97.2%: passed' in out.stdout
+  assert 'q = 0.2: risky setting kept' in out.stdout and 'false alarms 0' in out.stdout
+  bad = _study_cost_like('scripts/protocol_rates.py', '--trials=ten')
+  assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def _study_cost_like(script, *args):
+  import subprocess
+  import sys
+  return subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+                        timeout=300, cwd=__file__.rsplit('/tests/', 1)[0])
