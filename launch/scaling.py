@@ -45,6 +45,7 @@ BASE = 'experiments/micro.py:ddp'
 H = 30
 WORKERS = (1, 2, 4, 8)
 OUTER = Knob('algorithm.outer_lr', (0.4, 0.7, 1.0))
+CHECK_SEED = 10
 
 # Published (arXiv 2503.09799): Table 7's fits L(N) = A * N^alpha per method, and Table
 # 4's measured relative gaps to DP (C4, from scratch, Chinchilla tokens, H = 30).
@@ -93,7 +94,8 @@ def budget(plan: Mapping[str, Any]) -> study.Budget:
             'checkpoint.every': steps // 2, 'progress': False}
   return study.Budget(base=BASE, steps=steps, steps_h1=steps, common=common,
                       inner_lrs=tuple(plan['inner_lrs']), seeds=tuple(plan['seeds']),
-                      score_batches=plan['score_batches'])
+                      score_batches=plan['score_batches'],
+                      check_seed=plan.get('check_seed'))
 
 
 def steps_for(tokens_per_weight: float, params: int, tokens_per_step: int, h: int) -> int:
@@ -179,6 +181,10 @@ def make_plan(out: str, preset: str, quick: bool, tokens_per_weight: float,
   if kept is not None:
     runs_lib.check_fields(path, kept, PLAN_FIELDS, 'a launch.scaling plan',
                           'delete it to make a new plan.')
+    # A plan from before the check seed has no 'check_seed' (and keeps its picks).
+    runs_lib.check_fields(path, {'check_seed': kept.get('check_seed')},
+                          {'check_seed': runs_lib.optional(runs_lib.INT)},
+                          'a launch.scaling plan', 'delete it to make a new plan.')
     if kept['preset'] not in SHAPES:
       raise LocoError(f'{path} is damaged: preset {kept["preset"]!r} is not one of '
                       f'{", ".join(SHAPES)}; delete it to make a new plan.')
@@ -194,6 +200,9 @@ def make_plan(out: str, preset: str, quick: bool, tokens_per_weight: float,
               seeds=[1, 2] if quick else [1, 2, 3], eval_batches=4 if quick else 32,
               score_batches=16 if quick else 512, batch_runs=batch_runs,
               sampling=sampling or 'windows',
+              # The pick and its neighbour train again at this seed (loco.study); a plan
+              # from before the check seed has none and keeps its picks.
+              check_seed=None if quick else CHECK_SEED,
               tokens_per_weight_asked=tokens_per_weight, minutes=minutes)
   tokens_per_step = batch * seq_len
   if quick:

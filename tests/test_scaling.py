@@ -60,6 +60,13 @@ def _Group(losses, diverged=None):
   return study.Group('g', losses, {}, None, 0.0, 0.0, 0.0, [], {}, diverged or {})
 
 
+def test_a_new_plan_checks_its_picks_at_a_second_seed_and_an_old_plan_keeps_its_own():
+  plan = dict(preset='micro', seq_len=64, steps=720, eval_batches=32, h=30,
+              inner_lrs=[1.5e-3, 3e-3, 6e-3], seeds=[1, 2, 3], score_batches=512)
+  assert scaling.budget(plan).check_seed is None          # made before the check seed
+  assert scaling.budget({**plan, 'check_seed': 10}).check_seed == scaling.CHECK_SEED == 10
+
+
 def test_points_are_paired_relative_gaps_with_cis(tmp_path):
   plan = dict(preset='micro', params=426_752, tokens_per_weight=9.6, steps=2000, h=30,
               batch=32, seq_len=64)
@@ -115,7 +122,8 @@ def test_overlay_and_plan_files_missing_damaged_or_foreign_are_one_line(tmp_path
                            ('seeds', [1, 'two'], 'seeds is a list, not a list of whole'),
                            ('tokens_per_weight', None, 'tokens_per_weight is null'),
                            ('batch', True, 'batch is a bool, not a whole number'),
-                           ('preset', 'huge', "preset 'huge' is not one of")):
+                           ('preset', 'huge', "preset 'huge' is not one of"),
+                           ('check_seed', 'ten', 'check_seed is a str, not a whole number')):
     (tmp_path / 'study' / 'plan.json').write_text(json.dumps({**good, key: value}))
     assert scaling.main(['--quick', f'--out={tmp_path / "study"}']) == 1
     err = capsys.readouterr().err.strip().splitlines()
