@@ -205,15 +205,18 @@ def test_a_diverged_seed_is_left_out_of_mean_and_std():
   assert alone.text(1, ' s').startswith('2.0 s over 1 of 3 seeds')
 
 
+PICKS = {'diloco': {'member': 'diloco_nesterov'}}   # the reference DiLoCo's best member
+
+
 def test_derived_gains_are_per_seed_differences_with_the_diverged_seeds_named():
   g = {'diloco_r4': _group({1: 2.3, 2: 2.5, 3: 2.4}, name='diloco_r4'),
        'diloco_nesterov': _group({1: 2.2, 2: 2.3}, {3: 40}, name='diloco_nesterov')}
-  gain = claims.derived_groups(g)['gain_4_to_8']
+  gain = claims.derived_groups(g, PICKS)['gain_4_to_8']
   assert gain.losses == {1: pytest.approx(0.1), 2: pytest.approx(0.2)}
   assert gain.diverged == {3: 40}
   assert gain.std == pytest.approx(math.sqrt(0.005))     # two values 0.05 from 0.15
   assert gain.text() == '0.1500 ± 0.0707 over 2 of 3 seeds (seed 3 diverged at step 40)'
-  assert 'gain_8_to_16' not in claims.derived_groups(g)
+  assert 'gain_8_to_16' not in claims.derived_groups(g, PICKS)
 
 
 def test_a_comparison_needs_two_shared_finished_seeds():
