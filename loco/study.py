@@ -213,7 +213,8 @@ def retune_values(final: Final, method: Method, pick: Mapping[str, Any]
                   ) -> tuple[float, float, float]:
   """The three values a re-tuned variant tries: `factors` x the parent's value of the
   key, moved to the same effective step eta / (1 - mu) where the variant sets another
-  outer momentum.
+  outer momentum, and scaled down together where the largest would pass `high` (a
+  gossip step picked at 1, its range's top, tries 0.25, 0.5 and 1).
 
   Raises:
     LocoError: the parent sets no value of the key (or of the momentum it would move).
@@ -228,7 +229,10 @@ def retune_values(final: Final, method: Method, pick: Mapping[str, Any]
       raise LocoError(f'{final.name} changes {MOMENTUM}, which {method.name} does not set: '
                       'its outer lr cannot be moved to the same effective step.')
     center *= (1 - float(final.keys[MOMENTUM])) / (1 - float(parent[MOMENTUM]))
-  return tuple(float(f'{center * f:.6g}') for f in r.factors)
+  values = [center * f for f in r.factors]
+  if values[-1] > r.high:   # a parent picked near the top of the range: the same ratios,
+    values = [v * r.high / values[-1] for v in values]   # the largest at the top
+  return tuple(float(f'{v:.6g}') for v in values)
 
 
 def retune_settings(values: Sequence[float], key: str, high: float,

@@ -337,6 +337,12 @@ def test_a_retuned_variant_tries_three_points_around_its_parents_pick():
   with pytest.raises(LocoError, match='gossip_step, which its method diloco'):
     study.retune_values(dataclasses.replace(m4, retune=study.Retune('algorithm.gossip_step')),
                         m, pick)
+  # A knob picked at the top of its range keeps the ratios below it.
+  gossip = study.Method('dsgd', {}, STEP)
+  top = study.Final('dsgd_exp', 'dsgd', {'algorithm.topology': 'exponential'},
+                    retune=study.Retune(STEP.key, high=1.0))
+  assert study.retune_values(top, gossip, {STEP.key: 1.0}) == (0.25, 0.5, 1.0)
+  assert study.retune_values(top, gossip, {STEP.key: 0.25}) == (0.125, 0.25, 0.5)
   bare = study.Method('diloco', {}, OUTER)
   with pytest.raises(LocoError, match='cannot be moved to the same effective step'):
     study.retune_values(mu5, bare, pick)
