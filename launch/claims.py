@@ -63,6 +63,7 @@ import numpy as np
 
 from launch import claims_figures
 from loco import cli
+from loco import frontier
 from loco import network as network_lib
 from loco import plots
 from loco import report
@@ -646,15 +647,18 @@ def _asynchronous(name: str) -> bool:
 
 
 def sim_curves(out: str, scale: Scale, name: str) -> dict[int, list[tuple[float, float]]]:
-  """Per seed: (simulated seconds on SLOW_LINKS, eval loss) while training."""
+  """Per seed: (simulated seconds on SLOW_LINKS, eval loss) while training: the run's own
+  clock where it is asynchronous, its re-timing on slow links otherwise."""
   curves = {}
   for s in scale.budget.seeds:
     d = os.path.join(out, 'final', name, f'seed{s}')
-    if not _asynchronous(name):
-      d = os.path.join(d, runs_lib.RETIMED, 'slow_links')
-    if os.path.isfile(os.path.join(d, runs_lib.METRICS)):
-      curves[s] = [(r['sim_seconds'], r['eval_loss'])
-                   for r in runs_lib.read_metrics(d).rows if 'eval_loss' in r]
+    if _asynchronous(name):
+      found = (frontier.curve(runs_lib.read_metrics(d).rows)
+               if os.path.isfile(os.path.join(d, runs_lib.METRICS)) else None)
+    else:
+      found = frontier.retimed_curve(d, 'slow_links')
+    if found is not None:
+      curves[s] = found
   return curves
 
 

@@ -270,16 +270,19 @@ def tuning_run(method: Method | Problem, budget: Budget, setting: Mapping[str, A
   tuning seed, or at `seed` (the check seed's runs are LABEL_seedS)."""
   problem = method_problem(method, budget) if isinstance(method, Method) else method
   seed = budget.tune_seed if seed is None else seed
-  suffix = '' if seed == budget.tune_seed else f'_seed{seed}'
-  return Run(f'{problem.name}/{label(setting)}{suffix}', budget.base,
+  return Run(f'{problem.name}/{_run_label(setting, seed, budget)}', budget.base,
              {**problem.keys, **setting, 'data.eval_split': budget.tuning_split,
               'seed': seed})
 
 
+def _run_label(setting: Mapping[str, Any], seed: int, budget: Budget) -> str:
+  """A tuning run's folder: LABEL at the tuning seed, LABEL_seedS at another."""
+  return label(setting) + ('' if seed == budget.tune_seed else f'_seed{seed}')
+
+
 def _score(tune_dir: str, problem: Problem, setting: Mapping[str, Any], seed: int,
            budget: Budget) -> float | None:
-  suffix = '' if seed == budget.tune_seed else f'_seed{seed}'
-  return _final_loss(os.path.join(tune_dir, problem.name, label(setting) + suffix))
+  return _final_loss(os.path.join(tune_dir, problem.name, _run_label(setting, seed, budget)))
 
 
 def _known(tune_dir: str, problem: Problem | Method, budget: Budget

@@ -462,3 +462,19 @@ def test_the_drift_figure_reads_the_finals_diagnostics(tmp_path):
   assert os.path.getsize(os.path.join(figures, 'drift.png')) > 1000
   empty = '\n'.join(claims.drift_text(str(tmp_path / 'none'), scale, g, picks, figures, 'f'))
   assert 'No final of these claims has the diagnostics' in empty
+
+
+def test_claim_9_reads_an_asynchronous_run_by_its_own_clock_and_a_synchronous_one_retimed(
+    tmp_path):
+  import json
+  scale = claims.SCALES['quick']
+  rows = [{'step': 6, 'tokens': 600, 'sim_seconds': 3.0, 'eval_loss': 2.5},
+          {'step': 12, 'tokens': 1200, 'sim_seconds': 6.0, 'train_loss': 2.4},
+          {'step': 18, 'tokens': 1800, 'sim_seconds': 6.5, 'eval_loss': float('nan')}]
+  for d in (tmp_path / 'final' / 'gasloc_async_overlap' / 'seed1',
+            tmp_path / 'final' / 'gasloc' / 'seed1' / 'retimed' / 'slow_links'):
+    d.mkdir(parents=True)
+    (d / 'metrics.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in rows))
+  (tmp_path / 'final' / 'gasloc' / 'seed2').mkdir(parents=True)     # not re-timed yet
+  for name in ('gasloc_async_overlap', 'gasloc'):
+    assert claims.sim_curves(str(tmp_path), scale, name) == {1: [(3.0, 2.5)]}, name
