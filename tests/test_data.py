@@ -549,3 +549,20 @@ def test_large_local_corpus_is_read_lazily(monkeypatch, text_cfg):
   batch = next(ld.make_train_iterator(cfg, num_workers=2, batch_per_worker=2,
                                       seq_len=32, seed=0))
   assert batch.shape == (2, 2, 33) and batch.max() <= EOS
+
+
+def test_loco_stdlib_reads_another_standard_library(tmp_path, monkeypatch):
+  lib = tmp_path / 'python3.11'
+  (lib / 'json').mkdir(parents=True)
+  (lib / 'site-packages' / 'pkg').mkdir(parents=True)
+  (lib / 'abc.py').write_text('x = 1\n')
+  (lib / 'json' / 'decoder.py').write_text('y = 2\n')
+  (lib / 'site-packages' / 'pkg' / 'mod.py').write_text('z = 3\n')
+  monkeypatch.setenv(corpus.STDLIB_ENV, str(lib))
+  spec = corpus.stdlib_spec()
+  assert spec.root == os.path.realpath(lib)
+  assert spec.files == ('abc.py', 'json/decoder.py')   # site-packages left out
+  assert spec.key != corpus.text_spec(str(lib / '**' / '*.py')).key
+  monkeypatch.setenv(corpus.STDLIB_ENV, str(tmp_path / 'absent'))
+  with pytest.raises(errors.DataError, match='LOCO_STDLIB=.*is not a folder'):
+    corpus.stdlib_spec()

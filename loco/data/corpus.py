@@ -89,6 +89,7 @@ SPLIT_RULE = (
     'then hash order) dealt to the half with fewer bytes of their stratum (stdlib: '
     'test/ or library) that has room; train sorted by path')
 _SKIP_DIRS = ('site-packages', 'dist-packages', '__pycache__')
+STDLIB_ENV = 'LOCO_STDLIB'   # another stdlib's folder to read as the embedded corpus
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,8 +150,15 @@ def partial_stdlib_note(spec: 'CorpusSpec') -> str:
 
 def stdlib_spec() -> CorpusSpec:
   """The `.py` files of the running Python's stdlib, without site-packages; a partial
-  library (`stdlib_is_partial`) is used all the same, with one warning on stderr."""
-  root = os.path.realpath(sysconfig.get_paths()['stdlib'])
+  library (`stdlib_is_partial`) is used all the same, with one warning on stderr.
+
+  The environment variable LOCO_STDLIB names another standard library's folder to read
+  instead (a copy of CPython 3.11's, say, on a host whose Python is 3.12, so that its runs
+  train on the corpus the published pages use).
+  """
+  root = os.path.realpath(os.environ.get(STDLIB_ENV) or sysconfig.get_paths()['stdlib'])
+  if not os.path.isdir(root):
+    raise errors.DataError(f'{STDLIB_ENV}={root!r} is not a folder.')
   files = []
   for dirpath, dirnames, filenames in os.walk(root):
     dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
