@@ -40,6 +40,10 @@ if [[ -f "$WHL/stdlib.tar.xz" ]]; then
   export LOCO_STDLIB="$lib/stdlib"
 fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest
+# No GEMM autotuning: with a dozen runs compiling at once on one H100, autotuning alone
+# took 2-3 minutes per fusion and no run passed its first step in 8 minutes (the micro
+# model's matmuls are far too small for the choice of kernel to matter).
+export XLA_FLAGS="${XLA_FLAGS:+$XLA_FLAGS }--xla_gpu_autotune_level=0"
 # The corpus, prepared once here (not by the parallel runs at once), and checked.
 "$PY" - "$WHL/stdlib.json" <<'PYEOF'
 import json, os, sys
