@@ -1154,9 +1154,14 @@ def _cost_text(out: str) -> str:
   units = c['tuning'] + c['finals']
   clock = (f'; they were in flight for {c["in_flight"] / 3600:.1f} h of wall time, pauses '
            'and other work on the machine included')
+  away = ''.join(
+      f' Another {e["tuning"] + e["finals"]:.0f} units ({e["tuning"]:.0f} tuning, '
+      f'{e["finals"]:.0f} finals) trained on {host} (status.json\'s host), in flight for '
+      f'{e["in_flight"] / 60:.0f} min there; the same command trains them here when they '
+      'are missing.' for host, e in c['elsewhere'].items())
   return (f'Its runs: {units:.0f} units of one 1,050-step M = 8 run ({c["tuning"]:.0f} '
           f'tuning, {c["finals"]:.0f} finals) at a median {c["per_unit"]:.0f} s each on 2 '
-          f'cores = {units * c["per_unit"] / 3600:.1f} h, scoring apart{clock}.')
+          f'cores = {units * c["per_unit"] / 3600:.1f} h, scoring apart{clock}.{away}')
 
 
 def write_page(out: str, scale: Scale, page: str, figures: str,

@@ -47,6 +47,7 @@ from loco import evaluate
 from loco import runs as runs_lib
 from loco import stats
 from loco.errors import LocoError
+from loco import sweep as sweep_lib
 from loco.sweep import Run, retime_runs, run_sweep
 
 LR = 'optimizer.lr'
@@ -843,11 +844,19 @@ def _finished_statuses(folder: str) -> list[dict[str, Any]]:
   return [s for s in found if s.get('state') == 'finished']
 
 
-def programs(folder: str) -> list[tuple[float, float]]:
-  """(units, seconds) per finished program under `folder` (a batch of runs is one)."""
+def _here(status: Mapping[str, Any]) -> bool:
+  """Whether a run trained on this machine: its status.json names this host, or none (a
+  sweep before hosts were recorded)."""
+  return status.get('host') in (None, sweep_lib.host())
+
+
+def programs(folder: str, where: Callable[[Mapping[str, Any]], bool] = lambda s: True
+             ) -> list[tuple[float, float]]:
+  """(units, seconds) per finished program under `folder` (a batch of runs is one), of
+  the runs `where` keeps."""
   found: dict[tuple, tuple[float, float]] = {}
   for s in _finished_statuses(folder):
-    if 'steps' not in (s.get('overrides') or {}):
+    if 'steps' not in (s.get('overrides') or {}) or not where(s):
       continue
     key = tuple(s['batch']) if s.get('batch') else (s.get('name'),)
     u, secs = found.get(key, (0.0, 0.0))
@@ -855,12 +864,15 @@ def programs(folder: str) -> list[tuple[float, float]]:
   return list(found.values())
 
 
-def in_flight(folder: str) -> float:
-  """Wall seconds during which some finished run under `folder` was training: the union
-  of their [start, end] (status.json), pauses and other work on the machine included.
-  Read from the runs, it spans every invocation that trained them."""
+def in_flight(folder: str, where: Callable[[Mapping[str, Any]], bool] = lambda s: True
+              ) -> float:
+  """Wall seconds during which some finished run under `folder` (of those `where` keeps)
+  was training: the union of their [start, end] (status.json), pauses and other work on
+  the machine included. Read from the runs, it spans every invocation that trained them."""
   spans = []
   for s in _finished_statuses(folder):
+    if not where(s):
+      continue
     try:
       start, end = (datetime.datetime.fromisoformat(s[k]).timestamp()
                     for k in ('start', 'end'))
@@ -875,15 +887,28 @@ def in_flight(folder: str) -> float:
   return total
 
 
-def cost(out: str) -> dict[str, float]:
-  """What OUT's finished runs cost: their units, the median seconds per unit over the
-  programs (robust to a program slowed by a pause or by other work beside it), and the
-  wall seconds they were in flight (`in_flight`)."""
-  tune, final = programs(os.path.join(out, 'tune')), programs(os.path.join(out, 'final'))
+def cost(out: str) -> dict[str, Any]:
+  """What OUT's finished runs cost on this machine: their units, the median seconds per
+  unit over the programs (robust to a program slowed by a pause or by other work beside
+  it), and the wall seconds they were in flight (`in_flight`). Runs another machine
+  trained (status.json's `host`, `loco.sweep.host`) are counted apart under `elsewhere`,
+  {host: {tuning, finals, in_flight}}: their seconds are not this machine's."""
+  tune_dir, final_dir = os.path.join(out, 'tune'), os.path.join(out, 'final')
+  tune, final = programs(tune_dir, _here), programs(final_dir, _here)
   every = [(u, secs) for u, secs in tune + final if u > 0]
   per_unit = float(np.median([secs / u for u, secs in every])) if every else math.nan
+  elsewhere = {}
+  hosts = {s['host'] for d in (tune_dir, final_dir) for s in _finished_statuses(d)
+           if not _here(s)}
+  for h in sorted(hosts):
+    on = lambda s, h=h: s.get('host') == h
+    elsewhere[h] = dict(
+        tuning=sum(u for u, _ in programs(tune_dir, on)),
+        finals=sum(u for u, _ in programs(final_dir, on)),
+        in_flight=in_flight(tune_dir, on) + in_flight(final_dir, on))
   return dict(programs=len(every), per_unit=per_unit, tuning=sum(u for u, _ in tune),
-              finals=sum(u for u, _ in final), in_flight=in_flight(out))
+              finals=sum(u for u, _ in final), in_flight=in_flight(out, _here),
+              elsewhere=elsewhere)
 
 
 @contextlib.contextmanager

@@ -65,6 +65,7 @@ import itertools
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -330,6 +331,13 @@ def load_config(argv: Sequence[str]):
   return config
 
 
+def host() -> str:
+  """Where a run trains, for its status.json: $LOCO_HOST (a label such as the device's
+  name) or the machine's host name. A page that gathers runs from several machines costs
+  them apart (`loco.study.cost`)."""
+  return os.environ.get('LOCO_HOST') or socket.gethostname()
+
+
 def _now() -> str:
   return datetime.datetime.now().isoformat(timespec='seconds')
 
@@ -424,7 +432,8 @@ class _Active:
           name=r.name, config=r.config, overrides=r.overrides, command=cmds[r.name],
           state='running', start=start, end=None, returncode=None, error=None,
           attempts=previous.get('attempts', 0) + 1, seconds=previous.get('seconds', 0.0),
-          pid=None, batch=None if len(runs) == 1 else [x.name for x in runs])
+          pid=None, batch=None if len(runs) == 1 else [x.name for x in runs],
+          host=host())
       log = open(os.path.join(workdir, LOG), 'a')
       how = '' if len(runs) == 1 else f' (batched with {len(runs) - 1} other run(s))'
       log.write(f'==> loco.sweep attempt {self.status[r.name]["attempts"]} at {start}'

@@ -62,13 +62,17 @@ def main(argv: list[str]) -> int:
   except LocoError as e:
     print(f'study_cost: error: {e}', file=sys.stderr)
     return 1
-  if not c['programs']:
+  if not c['programs'] and not c['elsewhere']:
     print(f'study_cost: no finished runs under {folders[0]}', file=sys.stderr)
     return 1
   hours = lambda u: u * c['per_unit'] / 3600  # noqa: E731
-  print(f'{folders[0]}: {c["programs"]} programs; median {c["per_unit"]:.1f} s per unit')
+  print(f'{folders[0]}: {c["programs"]} programs on this machine; median '
+        f'{c["per_unit"]:.1f} s per unit')
   print(f'  tuning: {c["tuning"]:.1f} units = {hours(c["tuning"]):.2f} h at the median')
   print(f'  finals so far: {c["finals"]:.1f} units = {hours(c["finals"]):.2f} h')
+  for host, e in c['elsewhere'].items():
+    print(f'  trained on {host}: {e["tuning"]:.1f} units of tuning, {e["finals"]:.1f} of '
+          f'finals, in flight {e["in_flight"] / 60:.1f} min there (not in the median)')
   if '--planned' in argv:
     plan = planned_units()
     low, high = planned_tuning_units()

@@ -296,6 +296,35 @@ def test_cost_counts_each_batch_once_and_takes_the_median_per_unit(tmp_path):
   assert c['per_unit'] == 45.0                      # median of 40, 45 and 1800
 
 
+def test_cost_counts_runs_another_machine_trained_apart(tmp_path, monkeypatch):
+  monkeypatch.delenv('LOCO_HOST', raising=False)
+  monkeypatch.setattr(study.sweep_lib.socket, 'gethostname', lambda: 'here')
+
+  def status(folder, name, seconds, host=None, start='00:00', end='01:00'):
+    d = tmp_path / folder / name
+    d.mkdir(parents=True)
+    s = dict(name=name, state='finished', seconds=seconds, overrides={'steps': 1050},
+             start=f'2026-11-27T10:{start}', end=f'2026-11-27T10:{end}')
+    if host:
+      s['host'] = host
+    (d / 'status.json').write_text(json.dumps(s))
+  status('tune', 'a', 40.0)                          # before hosts were recorded: here
+  status('tune', 'b', 50.0, host='here')
+  status('tune', 'c', 5.0, host='gpu', end='00:05')  # fast elsewhere: not in the median
+  status('tune', 'd', 6.0, host='gpu', start='00:03', end='00:06')
+  status('final', 'e', 7.0, host='gpu', start='00:10', end='00:20')
+  c = study.cost(str(tmp_path))
+  assert c['programs'] == 2 and c['tuning'] == 2.0 and c['finals'] == 0.0
+  assert c['per_unit'] == 45.0 and c['in_flight'] == pytest.approx(60.0)
+  assert c['elsewhere'] == {'gpu': dict(tuning=2.0, finals=1.0,
+                                        in_flight=pytest.approx(16.0))}
+  monkeypatch.setenv('LOCO_HOST', 'gpu')               # the page written on the other host
+  c = study.cost(str(tmp_path))
+  assert c['tuning'] == 3.0 and c['finals'] == 1.0      # a (no host) counts as this one's
+  assert c['elsewhere'] == {'here': dict(tuning=1.0, finals=0.0,
+                                         in_flight=pytest.approx(60.0))}
+
+
 def _study_cost(*args):
   import subprocess
   import sys

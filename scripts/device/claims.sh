@@ -40,6 +40,9 @@ if [[ -f "$WHL/stdlib.tar.xz" ]]; then
   export LOCO_STDLIB="$lib/stdlib"
 fi
 export XLA_PYTHON_CLIENT_PREALLOCATE=false JAX_DEFAULT_MATMUL_PRECISION=highest
+# status.json's host: the page costs these runs apart from the CPU machine's.
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+export LOCO_HOST="${LOCO_HOST:-one ${gpu:-$(hostname)} (scripts/device/claims.sh)}"
 # No GEMM autotuning: with a dozen runs compiling at once on one H100, autotuning alone
 # took 2-3 minutes per fusion and no run passed its first step in 8 minutes (the micro
 # model's matmuls are far too small for the choice of kernel to matter).
