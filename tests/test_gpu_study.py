@@ -217,6 +217,48 @@ def test_the_shell_command_answers_bad_arguments_in_one_line():
   assert line.startswith('prepare_wheels.py: error: --python-version must look like'), line
 
 
+def test_the_claims_command_answers_bad_arguments_in_one_line(tmp_path):
+  line = _one_line(_command(['bash', 'scripts/device/claims.sh', '--minutes=8']))
+  assert line == 'claims.sh: error: --out=DIR is required.', line
+  line = _one_line(_command(['bash', 'scripts/device/claims.sh', f'--out={tmp_path}',
+                             '--minutes=soon']))
+  assert line == "claims.sh: error: --minutes must be a number, got 'soon'.", line
+  line = _one_line(_command([sys.executable, 'scripts/device/pack_stdlib.py', '--bad']))
+  assert line.startswith('pack_stdlib.py: error: '), line
+
+
+@pytest.mark.slow
+def test_the_claims_command_checks_the_corpus_and_packs_what_finished(tmp_path):
+  """On this machine (no GPU): a wrong packed fingerprint stops it before training; the
+  right one trains for the minutes given, stops as Ctrl-C does and packs the runs with
+  their host, without checkpoints."""
+  wheels = tmp_path / 'whl'
+  out = _command([sys.executable, 'scripts/device/pack_stdlib.py', f'--dest={wheels}'])
+  assert out.returncode == 0, out.stderr
+  record = json.loads((wheels / 'stdlib.json').read_text())
+  (wheels / 'stdlib.json').write_text(json.dumps(dict(record, sha256='0' * 64)))
+  env = dict(LOCO_WHEELS=str(wheels), LOCO_DATA_DIR=str(tmp_path / 'data'),
+             LOCO_HOST='the test')
+  out = _command(['bash', 'scripts/device/claims.sh', f'--out={tmp_path / "a"}',
+                  f'--runs={tmp_path / "runs_a"}', '--quick'], **env)
+  assert out.returncode != 0 and 'DIFFERS' in out.stdout, out.stdout + out.stderr
+  assert 'the corpus here is not the packed one' in out.stderr
+  assert not (tmp_path / 'runs_a').exists()
+  (wheels / 'stdlib.json').write_text(json.dumps(record))
+  out = _command(['bash', 'scripts/device/claims.sh', f'--out={tmp_path / "b"}',
+                  f'--runs={tmp_path / "runs_b"}', '--minutes=1.5', '--quick'], **env)
+  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+  assert f'corpus sha256 {record["sha256"][:16]} (as packed)' in out.stdout
+  assert 'stopped at --minutes' in out.stdout
+  import tarfile
+  with tarfile.open(tmp_path / 'b' / 'claims_runs.tgz') as tar:
+    names = tar.getnames()
+    statuses = [json.load(tar.extractfile(n)) for n in names if n.endswith('status.json')]
+  assert not any('checkpoints' in n or 'tensorboard' in n for n in names)
+  finished = [s for s in statuses if s['state'] == 'finished']
+  assert finished and all(s['host'] == 'the test' for s in finished)
+
+
 def test_what_travels_covers_every_dependency_the_image_lacks():
   # pyproject.toml's run-time dependencies that the GPU image lacks are wheels that travel.
   with open(os.path.join(ROOT, 'pyproject.toml'), 'rb') as f:
