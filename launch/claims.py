@@ -1164,43 +1164,42 @@ def _cost_text(out: str) -> str:
           f'cores = {units * c["per_unit"] / 3600:.1f} h, scoring apart{clock}.{away}')
 
 
-def write_page(out: str, scale: Scale, page: str, figures: str,
-               picks: Mapping[str, Any], g: Mapping[str, Group],
-               scaling_dirs: Sequence[str] = ()) -> str:
-  t9 = times_to_target(out, scale, g, picks)
-  more = undecided(scale, g, picks)
-  g = {**g, **derived_groups(g, picks)}
-  g = claims_figures.offset_warm_starts(g, out, finals(scale, more), scale.budget)
-  warm = claims_figures.warm_names(finals(scale, more))
-  os.makedirs(figures, exist_ok=True)
-  rel = os.path.relpath(figures, os.path.dirname(page) or '.')
-  table = topology_table(g, scale)
-  paths = draw_figures(g, scale, figures, table, picks)
-  fill = dict(rounds=scale.rounds, tpw=f'{scale.tokens_per_weight:.1f}',
-              steps_h1=scale.budget.steps_h1)
+def _verdict(claim: Claim, groups: Mapping[str, Group], g: Mapping[str, Group],
+             picks: Mapping[str, Any], scale: Scale, t9: Mapping[str, Any]):
+  """(verdict or None, its word, the measured values' text) of one claim."""
+  try:
+    v = judge(groups, claim.tests(picks, g), scale.budget)
+    measured = '; '.join(
+        f'{n}: {groups[n].text(1, " s")}' if claim.x == 'sim_seconds'
+        else f'{n}: {groups[n].text()}' for n in claim.shown(picks) if n in groups)
+    word = v.word
+  except KeyError as e:
+    v, word, measured = None, 'not run', f'missing finals: {e.args[0]}'
+    if claim.x == 'sim_seconds' and not t9:
+      measured = 'the synchronous finals are not re-timed on slow links yet'
+    elif claim.x == 'sim_seconds' and e.args[0] in g:
+      # Finished, and no seed reached the target that every synchronous seed reaches.
+      word, measured = 'not reproduced', f'{e.args[0]} never reaches the target'
+  if claim.x == 'sim_seconds' and t9:
+    never = '; '.join(f'{n} never reaches it at seed{"s" * (len(s) > 1)} '
+                      f'{", ".join(map(str, s))}' for n, s in t9['never'].items() if s)
+    measured = (f'simulated seconds to eval loss {t9["target"]:.3f}: {measured}' +
+                (f'; {never}' if never else ''))
+  return v, word, measured
+
+
+def _claims_sections(out: str, scale: Scale, figures: str, rel: str,
+                     picks: Mapping[str, Any], g: Mapping[str, Group],
+                     t9: Mapping[str, Any], warm: Collection[str], fill: Mapping[str, Any]
+                     ) -> tuple[list[str], list[str], dict[int, str]]:
+  """The summary table's rows, the per-claim sections (regime card, tests, table, plot)
+  and each claim's verdict word."""
   rows, details, words = [], [], {}
   for claim in CLAIMS:
     # Claim 9 compares seconds to the target: only finals with a seed that reached it.
     groups = dict(t9.get('groups', {})) if claim.x == 'sim_seconds' else g
-    try:
-      v = judge(groups, claim.tests(picks, g), scale.budget)
-      word = v.word
-      measured = '; '.join(
-          f'{n}: {groups[n].text(1, " s")}' if claim.x == 'sim_seconds'
-          else f'{n}: {groups[n].text()}' for n in claim.shown(picks) if n in groups)
-    except KeyError as e:
-      v, word, measured = None, 'not run', f'missing finals: {e.args[0]}'
-      if claim.x == 'sim_seconds' and not t9:
-        measured = 'the synchronous finals are not re-timed on slow links yet'
-      elif claim.x == 'sim_seconds' and e.args[0] in g:
-        # Finished, and no seed reached the target that every synchronous seed reaches.
-        word, measured = 'not reproduced', f'{e.args[0]} never reaches the target'
+    v, word, measured = _verdict(claim, groups, g, picks, scale, t9)
     words[claim.number] = word
-    if claim.x == 'sim_seconds' and t9:
-      never = '; '.join(f'{n} never reaches it at seed{"s" * (len(s) > 1)} '
-                        f'{", ".join(map(str, s))}' for n, s in t9['never'].items() if s)
-      measured = (f'simulated seconds to eval loss {t9["target"]:.3f}: {measured}' +
-                  (f'; {never}' if never else ''))
     figure = f'claim{claim.number}.png'
     _plot(claim, g, out, scale, t9, os.path.join(figures, figure), picks)
     kind = KINDS[claim.transfers]
@@ -1222,6 +1221,11 @@ def write_page(out: str, scale: Scale, page: str, figures: str,
            ''] if claim.x == 'sim_seconds' else []),
         *table_rows, '', f'![claim {claim.number}]({rel}/{figure})',
         *claims_figures.caption(claim.shown(picks), warm), '']))
+  return rows, details, words
+
+
+def _tuning_table(picks: Mapping[str, Any], scale: Scale) -> list[str]:
+  """Every method's settings tried, its pick, the check seed's runs and its edges."""
   tuning = [f'| method or re-tuned variant | settings tried (final eval loss, seed '
             f'{scale.budget.tune_seed}, tuning split) | pick | at seed {CHECK_SEED}: the pick '
             'and its neighbour | passed over, flag | still at an edge |',
@@ -1234,21 +1238,60 @@ def write_page(out: str, scale: Scale, page: str, figures: str,
     risk = '; '.join(x for x in (', '.join(p.get('passed', [])), p.get('flag', '')) if x)
     tuning.append(f'| {name} | {grid} | {p["label"]} | {check or "—"} | {risk or "—"} | '
                   f'{", ".join(p["edge"]) or "—"} |')
+  return tuning
+
+
+def _changed_text(page: str, words: Mapping[int, str], fill: Mapping[str, Any]
+                  ) -> list[str]:
+  """What changed from the previous page: its verdicts beside these, with the reasons."""
   before = previous_verdicts(PREVIOUS_PAGE)
-  changed = ['| claim | before (stream batches, the old protocol) | here | what changed |',
-             '|---|---|---|---|'] + [
-      f'| {c.number} | {before.get(c.number, "—")} | {words[c.number]} | '
-      f'{WHY[c.number].format(**fill)} |'
-      for c in CLAIMS]
-  command = {id(SCALES['full']): COMMAND,
-             id(SCALES['long']): 'python -m launch.claims --long --out=runs/claims140'}.get(
-                 id(scale), 'python -m launch.claims --quick --out=runs/claims_quick')
+  return [
+      f'The previous page ([{os.path.basename(PREVIOUS_PAGE)}]'
+      f'({os.path.relpath(PREVIOUS_PAGE, os.path.dirname(page) or ".")})) had the same '
+      'regime (70 rounds of H = 15, 5 tokens per weight). Since, every claim: each row of a '
+      'batch an independent window (it was consecutive windows of one document per worker), '
+      'the reference DiLoCo tuned over (outer lr, momentum), variants re-tuned where their '
+      'change moves the optimum, a second seed for the pick and its neighbour, margins as '
+      'relative loss and the two-look seed rule. Per claim:',
+      '',
+      '| claim | before (stream batches, the old protocol) | here | what changed |',
+      '|---|---|---|---|',
+      *(f'| {c.number} | {before.get(c.number, "—")} | {words[c.number]} | '
+        f'{WHY[c.number].format(**fill)} |' for c in CLAIMS)]
+
+
+def _command(scale: Scale) -> str:
+  """The command that regenerates a page of this scale."""
+  return {id(SCALES['full']): COMMAND,
+          id(SCALES['long']): 'python -m launch.claims --long --out=runs/claims140'}.get(
+              id(scale), 'python -m launch.claims --quick --out=runs/claims_quick')
+
+
+def write_page(out: str, scale: Scale, page: str, figures: str,
+               picks: Mapping[str, Any], g: Mapping[str, Group],
+               scaling_dirs: Sequence[str] = ()) -> str:
+  """Writes the page from the scored finals: the summary, what changed, the papers'
+  figures, the practitioner's figures, the drift, the scaling overlay, the reference's
+  landscape, the tuning table and a section per claim. Returns its path."""
+  t9 = times_to_target(out, scale, g, picks)
+  more = undecided(scale, g, picks)
+  g = {**g, **derived_groups(g, picks)}
+  g = claims_figures.offset_warm_starts(g, out, finals(scale, more), scale.budget)
+  warm = claims_figures.warm_names(finals(scale, more))
+  os.makedirs(figures, exist_ok=True)
+  rel = os.path.relpath(figures, os.path.dirname(page) or '.')
+  table = topology_table(g, scale)
+  paths = draw_figures(g, scale, figures, table, picks)
+  fill = dict(rounds=scale.rounds, tpw=f'{scale.tokens_per_weight:.1f}',
+              steps_h1=scale.budget.steps_h1)
+  rows, details, words = _claims_sections(out, scale, figures, rel, picks, g, t9, warm,
+                                          fill)
   fig = lambda name, title: f'![{title}]({rel}/{os.path.basename(paths[name])})'  # noqa: E731
   text = '\n'.join([
       '# Claims of the seed papers, each tested in its regime',
       '',
-      f'Regenerate: `{command}` (re-running skips finished runs and rewrites this page). '
-      f'{_cost_text(out)} The scaling overlay: `python -m launch.scaling '
+      f'Regenerate: `{_command(scale)}` (re-running skips finished runs and rewrites this '
+      f'page). {_cost_text(out)} The scaling overlay: `python -m launch.scaling '
       '--preset=micro --out=runs/scaling_micro`.',
       *_progress(scale, g, more),
       '',
@@ -1264,15 +1307,7 @@ def write_page(out: str, scale: Scale, page: str, figures: str,
       '',
       '## What changed from the previous page, and why',
       '',
-      f'The previous page ([{os.path.basename(PREVIOUS_PAGE)}]'
-      f'({os.path.relpath(PREVIOUS_PAGE, os.path.dirname(page) or ".")})) had the same '
-      'regime (70 rounds of H = 15, 5 tokens per weight). Since, every claim: each row of a '
-      'batch an independent window (it was consecutive windows of one document per worker), '
-      'the reference DiLoCo tuned over (outer lr, momentum), variants re-tuned where their '
-      'change moves the optimum, a second seed for the pick and its neighbour, margins as '
-      'relative loss and the two-look seed rule. Per claim:',
-      '',
-      *changed,
+      *_changed_text(page, words, fill),
       '',
       '## The papers\' figures, re-drawn (bands: lowest to highest seed)',
       '',
@@ -1301,7 +1336,7 @@ def write_page(out: str, scale: Scale, page: str, figures: str,
       '',
       '## Tuning: equal budgets, every setting and the pick per method',
       '',
-      *tuning,
+      *_tuning_table(picks, scale),
       '',
       '## Per claim',
       '',
