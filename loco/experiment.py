@@ -2,8 +2,9 @@
 
 The only module that reads a ConfigDict (DESIGN §3): `parse_config` converts it into
 dataclasses with one clear error per bad value, `build_algorithm` makes the algorithm
-from them and `build_timeline` the run's simulated clock, `write_config_json` records the run's config, model size and data
-fingerprint in its workdir, and `print_summary` prints the end-of-run lines.
+from them and `build_timeline` the run's simulated clock, `write_config_json` records
+the run's config, model size and data fingerprint in its workdir, and `print_summary`
+prints the end-of-run lines.
 """
 
 import dataclasses
