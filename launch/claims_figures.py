@@ -428,7 +428,7 @@ def section(out: str, g: Mapping[str, Group], finals: Sequence[Final],
            + (f'; {reference} sends {report.human_bytes(sent)} per worker per step, so at '
               'these latencies its collective is mostly latency, and what separates the '
               'networks here is latency x syncs: bandwidth decides at the papers\' model sizes '
-              '(`python -m loco.utilization`)' if sent else '') + '. These figures need no '
+              '(`python -m loco.overlap_model`)' if sent else '') + '. These figures need no '
            'training: the page\'s command with `--page_only` re-times the finished finals '
            'where a network is missing and redraws them.', '']
   if t is not None:

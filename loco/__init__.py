@@ -11,7 +11,8 @@ The stable surface (everything else is internal and may move):
   data              DataConfig, make_train_iterator, make_eval_windows
   runs              train (train.run(config, workdir); train.run_many for runs of one
                     shape as one program), evaluate_run, read_run
-  measurement       stats, study, utilization (the compute-utilization model)
+  measurement       stats, study, overlap_model (compute utilization against bandwidth;
+                    `utilization`, its former name, still resolves)
 
   import loco
   alg = loco.make_algorithm('diloco', inner, sync_every=50)
@@ -56,15 +57,18 @@ _EXPORTS = {
     'read_run': ('loco.runs', 'read_run'),
     'stats': ('loco.stats', None),
     'study': ('loco.study', None),
-    'utilization': ('loco.utilization', None),
+    'overlap_model': ('loco.overlap_model', None),
 }
 __all__ = sorted(_EXPORTS)
+# Former names, still resolved but not listed: old name -> its name in _EXPORTS.
+_ALIASES = {'utilization': 'overlap_model'}
 
 
 def __getattr__(name: str) -> Any:
-  if name not in _EXPORTS:
+  export = _ALIASES.get(name, name)
+  if export not in _EXPORTS:
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-  module, attribute = _EXPORTS[name]
+  module, attribute = _EXPORTS[export]
   value = importlib.import_module(module)
   if attribute is not None:
     value = getattr(value, attribute)

@@ -25,7 +25,7 @@ import numpy as np
 
 from loco import network as network_lib
 from loco import runs
-from loco import utilization as utilization_lib
+from loco import overlap_model
 from loco.metrics import append_jsonl, write_jsonl
 from loco.wire import NO_COMM, Wire
 
@@ -120,7 +120,7 @@ def read(workdir: str, steps=None) -> tuple[int, dict[int, tuple[np.ndarray, Wir
 
 def replay(net: network_lib.Network, log: dict[int, tuple[np.ndarray, Wire]],
            until: int, overlap: str = 'none',
-           buckets: int = utilization_lib.BUCKETS
+           buckets: int = overlap_model.BUCKETS
            ) -> Iterator[tuple[int, network_lib.Clock]]:
   """Runs `network.Clock` (its `overlap` model, `buckets` pieces) over steps 1 .. until
   of a log; yields (step, clock)."""

@@ -2,8 +2,9 @@
 
 The only module that reads a ConfigDict (DESIGN §3): `parse_config` converts it into
 dataclasses with one clear error per bad value, `build_algorithm` makes the algorithm
-from them, `write_config_json` records the run's config, model size and data
-fingerprint in its workdir, and `print_summary` prints the end-of-run lines.
+from them and `build_timeline` the run's simulated clock, `write_config_json` records
+the run's config, model size and data fingerprint in its workdir, and `print_summary`
+prints the end-of-run lines.
 """
 
 import dataclasses
@@ -20,6 +21,7 @@ from loco import model as model_lib
 from loco import network as network_lib
 from loco import optim
 from loco import placement as placement_lib
+from loco import timeline as timeline_lib
 from loco import workdir as workdir_lib
 from loco.engine import Algorithm
 from loco.errors import ConfigError
@@ -147,6 +149,19 @@ def for_network(exp: Experiment, algorithm: Algorithm) -> Algorithm:
       and algorithm.replay is not None and algorithm.replay.overlapped is not None):
     algorithm = algorithm.replay.overlapped()
   return algorithm
+
+
+def build_timeline(exp: Experiment, algorithm: Algorithm) -> timeline_lib.Timeline | None:
+  """The run's simulated clock (None without a network config): the model's FLOPs per
+  token, bytes and parameter shapes handed to `timeline.make_timeline`."""
+  r = exp.run
+  return timeline_lib.make_timeline(
+      exp.network, num_workers=r.num_workers, steps=r.steps, algorithm=algorithm,
+      name=exp.algorithm_name,
+      flops_per_token=model_lib.flops_per_token(exp.model, r.seq_len),
+      tokens_per_step=r.batch_per_worker * r.seq_len,
+      model_bytes=4 * model_lib.param_count(exp.model),
+      params=model_lib.abstract_params(exp.model))
 
 
 def check_vocabulary(exp: Experiment) -> None:

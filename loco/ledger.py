@@ -17,11 +17,8 @@ from typing import Any, Callable, NoReturn
 import jax
 import numpy as np
 
-from loco import model as model_lib
 from loco import timeline as timeline_lib
 from loco.comm import drift as drift_lib
-from loco.engine import Algorithm
-from loco.experiment import Experiment
 
 # The divergence rule: a run has diverged when a step's mean training loss is not
 # finite, or when, after the run has learned something (its best loss is LEARNED_MARGIN
@@ -46,18 +43,6 @@ def check_losses(losses_KxM: np.ndarray, first_step: int, best: float,
                           f'reaching {best:.3f}: the model exploded')
     best = min(best, loss)
   return best, None, None
-
-
-def make_timeline(exp: Experiment, algorithm: Algorithm) -> timeline_lib.Timeline | None:
-  """The run's simulated clock (None without a network config)."""
-  r = exp.run
-  return timeline_lib.make_timeline(
-      exp.network, num_workers=r.num_workers, steps=r.steps, algorithm=algorithm,
-      name=exp.algorithm_name,
-      flops_per_token=model_lib.flops_per_token(exp.model, r.seq_len),
-      tokens_per_step=r.batch_per_worker * r.seq_len,
-      model_bytes=4 * model_lib.param_count(exp.model),
-      params=model_lib.abstract_params(exp.model))
 
 
 class Ledger:

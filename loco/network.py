@@ -28,11 +28,11 @@ deadline before it is done.
 
 The clock's overlap model (`network.overlap`): 'none' starts a blocking collective after
 the step's compute; 'backward' overlaps it with the step's backward pass as
-`loco.utilization` models it (arXiv 2501.18512 section 3.1): the collective is cut into
-`network.overlap_buckets` pieces (`utilization.BUCKETS` = 128 by default) released evenly
+`loco.overlap_model` models it (arXiv 2501.18512 section 3.1): the collective is cut into
+`network.overlap_buckets` pieces (`overlap_model.BUCKETS` = 128 by default) released evenly
 through every participant's backward pass, each a ring of its own (so each pays the ring's
 latency: with 1 piece the model is 'none' again), and the collective ends
-when the last piece does (`utilization.backward_overlap_end`, the one formula both
+when the last piece does (`overlap_model.backward_overlap_end`, the one formula both
 call). An overlapped collective (tau > 0) is timed as with 'none'.
 """
 
@@ -42,7 +42,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from loco import ranges
-from loco import utilization as utilization_lib
+from loco import overlap_model
 from loco.errors import ConfigError
 from loco.wire import ALL_GATHER, ALL_REDUCE, GOSSIP, Wire
 
@@ -141,7 +141,7 @@ class NetworkConfig:
   dropout: float = 0.0
   dropout_mode: str = 'keep_local'
   seed: int = 0
-  overlap_buckets: int = utilization_lib.BUCKETS
+  overlap_buckets: int = overlap_model.BUCKETS
 
   def __post_init__(self):
     for key, allowed in (('mode', MODES), ('peer_choice', PEER_CHOICES),
@@ -378,7 +378,7 @@ class Clock:
   compute: np.ndarray | None = None
   pending: list = dataclasses.field(default_factory=list)
   overlap: str = 'none'
-  buckets: int = utilization_lib.BUCKETS
+  buckets: int = overlap_model.BUCKETS
   # The step being timed: when each worker started it and its compute seconds.
   _began: np.ndarray | None = dataclasses.field(default=None, repr=False)
   _work: np.ndarray | None = dataclasses.field(default=None, repr=False)
@@ -476,7 +476,7 @@ class Clock:
       piece = ring_all_reduce_seconds(self.net, members, payload[members].max() / buckets)
     else:
       piece = ring_all_gather_seconds(self.net, members, payload[members].max() / buckets)
-    return utilization_lib.backward_overlap_end(self._began[members], self._work[members],
+    return overlap_model.backward_overlap_end(self._began[members], self._work[members],
                                                 piece, buckets)
 
   def _deliver(self) -> None:

@@ -22,7 +22,7 @@ run's step_seconds is then not used). (NAME: the profile unless given; PROFILE+O
 with a network.overlap other than 'none', then ',buckets=K' with network.overlap_buckets
 other than 128, then ',link_efficiency=X' with the calibration term of loco.calibrate).
 `--config.network.overlap=backward` times each step's collective overlapped with the
-step's backward pass, as loco.utilization models it (arXiv 2501.18512 section 3.1;
+step's backward pass, as loco.overlap_model models it (arXiv 2501.18512 section 3.1;
 network.overlap in loco/configs/default.py). Dropout
 and churn decided which work the run did (comms.jsonl records it), so they stay the
 run's. An asynchronous run (network.mode='async') cannot be re-timed: who exchanged
@@ -41,7 +41,7 @@ from loco import configs
 from loco import network as network_lib
 from loco import runs
 from loco import timeline as timeline_lib
-from loco import utilization as utilization_lib
+from loco import overlap_model
 from loco import workdir as workdir_lib
 from loco.errors import ConfigError, RunFileError, UsageError, WorkdirError
 from loco.metrics import write_jsonl
@@ -111,7 +111,7 @@ def default_name(cfg: network_lib.NetworkConfig) -> str:
   name = cfg.profile
   if cfg.clock_overlap != 'none':
     name = f'{cfg.profile}+{cfg.clock_overlap}'
-    if cfg.overlap_buckets != utilization_lib.BUCKETS:
+    if cfg.overlap_buckets != overlap_model.BUCKETS:
       name = f'{name},buckets={cfg.overlap_buckets}'
   if cfg.link_efficiency != 1.0:
     name = f'{name},link_efficiency={cfg.link_efficiency:g}'

@@ -26,6 +26,10 @@ of `StepContext` arrays:
   step boundary after the transfer (`send` ticks store the snapshot, `sync` ticks
   merge it; the steps taken meanwhile are the exchange's `staleness`).
 
+  One event loop (`_EventLoop`: the clock, the peer rule, the exchanges) runs both,
+  with what a worker does around its exchange as a policy passed to it: `_Blocking`
+  (it waits) or `_Overlapped` (it computes on).
+
 `local_steps_per_round` gives each worker's H_i ('steps', 'time', 'auto'); `rotation`
 gives the matchings of the 'rotation' peer rule.
 """
@@ -285,238 +289,263 @@ def simulate_async(net: Network, *, steps: int, sync_every: int, peers: np.ndarr
   peers = np.asarray(peers, bool)
   per_round = local_steps_per_round(net, sync_every, local_work, peers=peers,
                                     exchange_bytes=exchange_bytes)
-  if overlap == 'compute':
-    return _simulate_overlapped(net, steps, per_round, peers, exchange_bytes, peer_choice, seed)
-  m = net.num_workers
-  rng = np.random.default_rng(seed)
-  partners = rotation(peers, seed)
-  c = np.asarray(net.step_seconds, float)
-  done = np.zeros(m, int)
-  rounds = np.zeros(m, int)          # exchanges each worker has come to ('rotation')
-  finished = np.zeros(m, bool)       # no local work left and not waiting
-  # Per worker: a list of ('local', n, start) and ('x', exchange index) items.
-  items: list[list[tuple]] = [[] for _ in range(m)]
-  exchanges: list[tuple[int, int, float, float]] = []
-  heap: list[tuple[float, float, int]] = []
-  waiting: dict[int, int | None] = {}   # waiting worker -> the neighbour it waits for
-
-  def start_local(i: int, t: float) -> None:
-    n = int(min(per_round[i], steps - done[i]))
-    if n > 0:
-      done[i] += n
-      items[i].append(('local', n, t))
-      heapq.heappush(heap, (t + n * c[i], rng.random(), i))
-    else:
-      finished[i] = True
-
-  def exchange(i: int, j: int, t: float) -> None:
-    waiting.pop(j, None)
-    end = t + max(net.link_seconds(i, j, exchange_bytes), net.link_seconds(j, i, exchange_bytes))
-    exchanges.append((min(i, j), max(i, j), t, end))
-    for k in (i, j):
-      items[k].append(('x', len(exchanges) - 1))
-      start_local(k, end)
-
-  def live_neighbours(i: int) -> list[int]:
-    return [j for j in range(m) if peers[i, j] and not finished[j]]
-
-  def release_stranded(t: float) -> None:
-    # A waiter with no neighbour left to meet, or whose chosen one has finished.
-    for w in sorted(waiting):
-      if w not in waiting:
-        continue
-      options = live_neighbours(w)
-      if not options or (peer_choice == 'rotation' and finished[waiting[w]]):
-        del waiting[w]
-        start_local(w, t)
-      elif waiting[w] is not None and finished[waiting[w]]:
-        j = int(rng.choice(options))
-        if j in waiting:
-          del waiting[w]
-          exchange(w, j, t)
-        else:
-          waiting[w] = j
-
-  for i in range(m):
-    start_local(i, 0.0)
-  while heap:
-    t, _, i = heapq.heappop(heap)
-    if peer_choice == 'ready':
-      ready = sorted(j for j in waiting if peers[i, j])
-      if ready:
-        exchange(i, int(rng.choice(ready)), t)
-      else:
-        waiting[i] = None
-    elif peer_choice == 'rotation':
-      j = int(partners[rounds[i] % len(partners), i])
-      rounds[i] += 1
-      if j < 0 or finished[j]:
-        start_local(i, t)
-      elif waiting.get(j, -1) == i:
-        exchange(i, j, t)
-      else:
-        waiting[i] = j
-    else:
-      askers = [w for w, target in waiting.items() if target == i]   # in arrival order
-      if askers:
-        exchange(i, askers[0], t)
-      else:
-        options = live_neighbours(i)
-        j = int(rng.choice(options)) if options else None
-        if j is not None and j in waiting:
-          exchange(i, j, t)
-        else:
-          waiting[i] = j
-    release_stranded(t)
-  sched = _replay(items, exchanges, c, m)
-  return dataclasses.replace(sched, staleness=np.zeros((len(exchanges), 2), int))
+  policy = _Overlapped if overlap == 'compute' else _Blocking
+  loop = _EventLoop(net, steps, per_round, peers, exchange_bytes, peer_choice, seed)
+  return loop.run(policy)
 
 
-# Event kinds of the overlapped simulation, in the order they run at equal times: an
-# arrival is merged before a round that ends at the same step boundary goes on.
+# Event kinds, in the order they run at equal times: an arrival is merged before a
+# round that ends at the same step boundary goes on (only the overlapped policy merges).
 _MERGE, _ROUND_END = 0, 1
 
 
-def _simulate_overlapped(net: Network, steps: int, per_round: np.ndarray,
-                         peers: np.ndarray, exchange_bytes: float, peer_choice: str,
-                         seed: int) -> AsyncSchedule:
-  """`simulate_async` with `overlap='compute'` (see there): per worker, rounds of H_i
-  steps back to back; at a round's end it posts (the peer rule pairs it, or it waits
-  for a partner while it computes on); a pair's exchange starts when the second of the
-  two posts, each sends its model as it is then, and each merges the other's at its
-  first step boundary at or after the exchange's end (at the end itself if it is not
-  computing then)."""
-  m = net.num_workers
-  rng = np.random.default_rng(seed)
-  partners = rotation(peers, seed)
-  c = np.asarray(net.step_seconds, float)
-  seg = np.zeros((m, 2))              # the current round: (start time, steps)
-  started = np.zeros(m, int)          # steps started (the current round's included)
-  pending: list = [None] * m          # None | 'posted' | exchange index (in flight)
-  owed = np.zeros(m, bool)            # a round ended whose exchange is not posted yet
-  computing = np.zeros(m, bool)
-  finished = np.zeros(m, bool)
-  rounds = np.zeros(m, int)
-  events: list[list[tuple]] = [[] for _ in range(m)]   # (steps before, kind, exchange, t)
-  step_ends: list[list[float]] = [[] for _ in range(m)]
-  exchanges: list[tuple[int, int, float, float]] = []
-  sent_after = {}                      # (exchange, worker) -> steps done when it sent
-  staleness: list[list[int]] = []
-  heap: list[tuple[float, int, float, int, int]] = []
-  waiting: dict[int, int | None] = {}
+class _EventLoop:
+  """The discrete-event simulation of `simulate_async`, one for both overlap policies.
 
-  def steps_by(k: int, t: float) -> int:
-    """Steps worker k has finished by time t."""
-    if not computing[k]:
-      return int(started[k])
-    start, n = seg[k]
-    return int(started[k] - n + min(n, np.floor((t - start) / c[k] + 1e-9)))
+  The loop owns what the policies share: the event heap (time, kind, a random
+  tie-break, worker, exchange), the peer rule (`post`: whom a worker meets when its
+  round ends, or that it waits), the exchanges and their link times, and the release
+  of waiters whose neighbours have finished. A policy (`_Blocking`, `_Overlapped`)
+  owns each worker's progress and answers the loop's calls: `start_round(i, t)`,
+  `round_end(i, t)`, `merge(i, e, t)` (the events it scheduled), `exchange(i, j, e,
+  start, end)`, `wait(i)` (i waits for a partner), `skip(i, t)` (the rule gives i no
+  partner this round), `release(i, t)` (a waiter has no one left to meet),
+  `may_meet(w, j)` (w, whose chosen peer has finished, meets its new pick j at once)
+  and `replay()` (the `AsyncSchedule`).
+  """
 
-  def start_round(k: int, t: float) -> None:
-    n = int(min(per_round[k], steps - started[k]))
-    computing[k] = n > 0
-    if n > 0:
-      seg[k] = t, n
-      started[k] += n
-      step_ends[k].extend(t + (q + 1) * c[k] for q in range(n))
-      heapq.heappush(heap, (t + n * c[k], _ROUND_END, rng.random(), k, -1))
+  def __init__(self, net: Network, steps: int, per_round: np.ndarray, peers: np.ndarray,
+               exchange_bytes: float, peer_choice: str, seed: int):
+    self.net, self.steps, self.per_round = net, steps, per_round
+    self.peers, self.exchange_bytes, self.peer_choice = peers, exchange_bytes, peer_choice
+    self.m = net.num_workers
+    self.c = np.asarray(net.step_seconds, float)
+    self.rng = np.random.default_rng(seed)
+    self.partners = rotation(peers, seed)
+    self.rounds = np.zeros(self.m, int)      # exchanges each worker has come to ('rotation')
+    self.finished = np.zeros(self.m, bool)   # no local work left and nothing pending
+    self.exchanges: list[tuple[int, int, float, float]] = []
+    self.waiting: dict[int, int | None] = {}   # waiting worker -> the neighbour it waits for
+    self.heap: list[tuple[float, int, float, int, int]] = []
+    self.policy = None
 
-  def settle(k: int) -> None:
-    if not computing[k] and pending[k] is None and not owed[k]:
-      finished[k] = True
-
-  def exchange(i: int, j: int, s: float) -> None:
-    end = s + max(net.link_seconds(i, j, exchange_bytes), net.link_seconds(j, i, exchange_bytes))
-    e = len(exchanges)
-    exchanges.append((min(i, j), max(i, j), s, end))
-    staleness.append([0, 0])
-    for k in (i, j):
-      waiting.pop(k, None)
-      pending[k] = e
-      sent_after[e, k] = steps_by(k, s)
-      events[k].append((sent_after[e, k], 'send', e, s))
-      start, n = seg[k]
-      if computing[k] and start + n * c[k] >= end:   # merged at a step boundary
-        q = max(0, int(np.ceil((end - start) / c[k] - 1e-9)))
-        arrive = start + q * c[k]
+  def run(self, policy_type) -> AsyncSchedule:
+    """Runs the events to the end under `policy_type` and returns its replay."""
+    self.policy = policy = policy_type(self)
+    for i in range(self.m):
+      policy.start_round(i, 0.0)
+    while self.heap:
+      t, kind, _, k, e = heapq.heappop(self.heap)
+      if kind == _ROUND_END:
+        policy.round_end(k, t)
       else:
-        arrive = end
-      heapq.heappush(heap, (arrive, _MERGE, rng.random(), k, e))
+        policy.merge(k, e, t)
+      self.release_stranded(t)
+    return policy.replay()
 
-  def live(i: int) -> list[int]:
-    return [j for j in range(m) if peers[i, j] and not finished[j]]
+  def push(self, t: float, kind: int, k: int, e: int = -1) -> None:
+    heapq.heappush(self.heap, (t, kind, self.rng.random(), k, e))
 
-  def post(i: int, t: float) -> None:
-    if peer_choice == 'ready':
-      ready = sorted(j for j in waiting if peers[i, j])
+  def live(self, i: int) -> list[int]:
+    return [j for j in range(self.m) if self.peers[i, j] and not self.finished[j]]
+
+  def post(self, i: int, t: float) -> None:
+    """Worker i is ready for its round's exchange: the peer rule pairs it, or it waits."""
+    waiting, rule = self.waiting, self.peer_choice
+    if rule == 'ready':
+      ready = sorted(j for j in waiting if self.peers[i, j])
       if ready:
-        return exchange(i, int(rng.choice(ready)), t)
+        return self.exchange(i, int(self.rng.choice(ready)), t)
       waiting[i] = None
-    elif peer_choice == 'rotation':
-      j = int(partners[rounds[i] % len(partners), i])
-      rounds[i] += 1
-      if j < 0 or finished[j]:
-        return
+    elif rule == 'rotation':
+      j = int(self.partners[self.rounds[i] % len(self.partners), i])
+      self.rounds[i] += 1
+      if j < 0 or self.finished[j]:
+        return self.policy.skip(i, t)
       if waiting.get(j, -1) == i:
-        return exchange(i, j, t)
+        return self.exchange(i, j, t)
       waiting[i] = j
     else:
-      askers = [w for w, target in waiting.items() if target == i]
+      askers = [w for w, target in waiting.items() if target == i]   # in arrival order
       if askers:
-        return exchange(i, askers[0], t)
-      options = live(i)
-      j = int(rng.choice(options)) if options else None
+        return self.exchange(i, askers[0], t)
+      options = self.live(i)
+      j = int(self.rng.choice(options)) if options else None
       if j is not None and j in waiting:
-        return exchange(i, j, t)
+        return self.exchange(i, j, t)
       waiting[i] = j
-    pending[i] = 'posted'
+    self.policy.wait(i)
 
-  def go_on(k: int, t: float) -> None:
-    """Worker k is free to go on at t (no exchange pending): post an owed round."""
-    if owed[k]:
-      owed[k] = False
-      start_round(k, t)
-      post(k, t)
-    settle(k)
+  def exchange(self, i: int, j: int, t: float) -> None:
+    for k in (i, j):
+      self.waiting.pop(k, None)
+    link = self.net.link_seconds
+    end = t + max(link(i, j, self.exchange_bytes), link(j, i, self.exchange_bytes))
+    self.exchanges.append((min(i, j), max(i, j), t, end))
+    self.policy.exchange(i, j, len(self.exchanges) - 1, t, end)
 
-  def release_stranded(t: float) -> None:
+  def release_stranded(self, t: float) -> None:
+    """Frees a waiter with no neighbour left to meet, or whose chosen one has finished."""
+    waiting = self.waiting
     for w in sorted(waiting):
       if w not in waiting:
         continue
       target = waiting[w]
-      options = live(w)
-      if not options or (target is not None and finished[target] and peer_choice == 'rotation'):
+      options = self.live(w)
+      if not options or (self.peer_choice == 'rotation' and self.finished[target]):
         del waiting[w]
-        pending[w] = None
-        go_on(w, t)
-      elif target is not None and finished[target]:
-        j = int(rng.choice(options))
-        if waiting.get(j, -1) in (None, w):
-          exchange(w, j, t)
+        self.policy.release(w, t)
+      elif target is not None and self.finished[target]:
+        j = int(self.rng.choice(options))
+        if self.policy.may_meet(w, j):
+          self.exchange(w, j, t)
         else:
           waiting[w] = j
 
-  for i in range(m):
-    start_round(i, 0.0)
-  while heap:
-    t, kind, _, k, e = heapq.heappop(heap)
-    if kind == _ROUND_END:
-      computing[k] = False
-      if pending[k] is not None:
-        owed[k] = True          # idle until its exchange is merged
-      else:
-        start_round(k, t)
-        post(k, t)
-        settle(k)
+
+class _Blocking:
+  """overlap='none': a worker waits for its exchange to end before it computes on."""
+
+  def __init__(self, loop: _EventLoop):
+    self.loop = loop
+    self.done = np.zeros(loop.m, int)
+    # Per worker: a list of ('local', n, start) and ('x', exchange index) items.
+    self.items: list[list[tuple]] = [[] for _ in range(loop.m)]
+
+  def start_round(self, i: int, t: float) -> None:
+    loop = self.loop
+    n = int(min(loop.per_round[i], loop.steps - self.done[i]))
+    if n > 0:
+      self.done[i] += n
+      self.items[i].append(('local', n, t))
+      loop.push(t + n * loop.c[i], _ROUND_END, i)
     else:
-      done = steps_by(k, t)
-      events[k].append((done, 'merge', e, t))
-      staleness[e][exchanges[e].index(k)] = done - sent_after[e, k]
-      pending[k] = None
-      go_on(k, t)
-    release_stranded(t)
-  sched = _replay_overlapped(events, step_ends, exchanges, c, m)
-  return dataclasses.replace(sched, staleness=np.array(staleness, int).reshape(-1, 2))
+      loop.finished[i] = True
+
+  def round_end(self, i: int, t: float) -> None:
+    self.loop.post(i, t)
+
+  def exchange(self, i: int, j: int, e: int, start: float, end: float) -> None:
+    for k in (i, j):
+      self.items[k].append(('x', e))
+      self.start_round(k, end)
+
+  def wait(self, i: int) -> None:
+    pass
+
+  # Without a partner a worker goes on with its next round at once.
+  skip = release = start_round
+
+  def may_meet(self, w: int, j: int) -> bool:
+    return j in self.loop.waiting         # j waits, whomever for
+
+  def replay(self) -> AsyncSchedule:
+    loop = self.loop
+    sched = _replay(self.items, loop.exchanges, loop.c, loop.m)
+    return dataclasses.replace(sched, staleness=np.zeros((len(loop.exchanges), 2), int))
+
+
+class _Overlapped:
+  """overlap='compute': per worker, rounds of H_i steps back to back; at a round's end
+  it posts (the peer rule pairs it, or it waits for a partner while it computes on); a
+  pair's exchange starts when the second of the two posts, each sends its model as it
+  is then, and each merges the other's at its first step boundary at or after the
+  exchange's end (at the end itself if it is not computing then)."""
+
+  def __init__(self, loop: _EventLoop):
+    m = loop.m
+    self.loop = loop
+    self.seg = np.zeros((m, 2))              # the current round: (start time, steps)
+    self.started = np.zeros(m, int)          # steps started (the current round's included)
+    self.pending: list = [None] * m          # None | 'posted' | exchange index (in flight)
+    self.owed = np.zeros(m, bool)            # a round ended whose exchange is not posted yet
+    self.computing = np.zeros(m, bool)
+    self.events: list[list[tuple]] = [[] for _ in range(m)]   # (steps before, kind, e, t)
+    self.step_ends: list[list[float]] = [[] for _ in range(m)]
+    self.sent_after = {}                      # (exchange, worker) -> steps done when it sent
+    self.staleness: list[list[int]] = []
+
+  def steps_by(self, k: int, t: float) -> int:
+    """Steps worker k has finished by time t."""
+    if not self.computing[k]:
+      return int(self.started[k])
+    start, n = self.seg[k]
+    c = self.loop.c[k]
+    return int(self.started[k] - n + min(n, np.floor((t - start) / c + 1e-9)))
+
+  def start_round(self, k: int, t: float) -> None:
+    loop = self.loop
+    n = int(min(loop.per_round[k], loop.steps - self.started[k]))
+    self.computing[k] = n > 0
+    if n > 0:
+      self.seg[k] = t, n
+      self.started[k] += n
+      self.step_ends[k].extend(t + (q + 1) * loop.c[k] for q in range(n))
+      loop.push(t + n * loop.c[k], _ROUND_END, k)
+
+  def round_end(self, k: int, t: float) -> None:
+    self.computing[k] = False
+    if self.pending[k] is not None:
+      self.owed[k] = True          # idle until its exchange is merged
+    else:
+      self.start_round(k, t)
+      self.loop.post(k, t)
+      self.settle(k)
+
+  def exchange(self, i: int, j: int, e: int, s: float, end: float) -> None:
+    c = self.loop.c
+    self.staleness.append([0, 0])
+    for k in (i, j):
+      self.pending[k] = e
+      self.sent_after[e, k] = self.steps_by(k, s)
+      self.events[k].append((self.sent_after[e, k], 'send', e, s))
+      start, n = self.seg[k]
+      if self.computing[k] and start + n * c[k] >= end:   # merged at a step boundary
+        q = max(0, int(np.ceil((end - start) / c[k] - 1e-9)))
+        arrive = start + q * c[k]
+      else:
+        arrive = end
+      self.loop.push(arrive, _MERGE, k, e)
+
+  def merge(self, k: int, e: int, t: float) -> None:
+    done = self.steps_by(k, t)
+    self.events[k].append((done, 'merge', e, t))
+    self.staleness[e][self.loop.exchanges[e].index(k)] = done - self.sent_after[e, k]
+    self.pending[k] = None
+    self.go_on(k, t)
+
+  def wait(self, i: int) -> None:
+    self.pending[i] = 'posted'
+
+  def skip(self, i: int, t: float) -> None:
+    pass                           # its next round is under way already
+
+  def release(self, k: int, t: float) -> None:
+    self.pending[k] = None
+    self.go_on(k, t)
+
+  def may_meet(self, w: int, j: int) -> bool:
+    # Stricter than `_Blocking` and than `post` ('sampled' takes a waiter whomever it
+    # waits for): j must wait for no one in particular, or for w.
+    return self.loop.waiting.get(j, -1) in (None, w)
+
+  def go_on(self, k: int, t: float) -> None:
+    """Worker k is free to go on at t (no exchange pending): post an owed round."""
+    if self.owed[k]:
+      self.owed[k] = False
+      self.start_round(k, t)
+      self.loop.post(k, t)
+    self.settle(k)
+
+  def settle(self, k: int) -> None:
+    if not self.computing[k] and self.pending[k] is None and not self.owed[k]:
+      self.loop.finished[k] = True
+
+  def replay(self) -> AsyncSchedule:
+    loop = self.loop
+    sched = _replay_overlapped(self.events, self.step_ends, loop.exchanges, loop.c, loop.m)
+    return dataclasses.replace(sched,
+                               staleness=np.array(self.staleness, int).reshape(-1, 2))
 
 
 def _replay_overlapped(events, step_ends, exchanges, c, m) -> AsyncSchedule:

@@ -230,7 +230,7 @@ def _plan(one: _Run) -> None:
   """Where `one` starts (its resume step), its clock and length; a finished run is
   marked finished. Raises DivergenceError (a diverged run) or WorkdirError."""
   _refuse_diverged(one.wd)
-  one.timeline = ledger_lib.make_timeline(one.exp, one.algorithm)
+  one.timeline = experiment_lib.build_timeline(one.exp, one.algorithm)
   # Ticks: inner steps, or the asynchronous replay's ticks.
   one.total = one.timeline.num_ticks if one.timeline is not None else one.exp.run.steps
   one.start = _resumable_from(one.wd, one.config, one.checkpointer, one.total, one.note)

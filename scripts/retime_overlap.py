@@ -9,7 +9,7 @@ DiLoCo H = 50), `--steps` inner steps into a temporary directory (or --keep=DIR)
 `loco.retime RUN --network.profile=homogeneous --network.step_seconds=0.1
 --network.bandwidth=B --network.latency=L --network.overlap=none|backward` on 1 Gbit/s
 links with no latency and with 0.1 ms per hop (in 'backward' each of the 128 pieces
-pays the ring's latency, as in loco.utilization; the last rows cut each collective in
+pays the ring's latency, as in loco.overlap_model; the last rows cut each collective in
 8 pieces, --network.overlap_buckets=8). Prints a markdown table of the simulated
 seconds and compute utilization at the last step.
 

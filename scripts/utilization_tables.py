@@ -1,4 +1,4 @@
-"""Prints docs/utilization.md's tables: loco.utilization beside the published
+"""Prints docs/utilization.md's tables: loco.overlap_model beside the published
 bandwidth-for-utilization tables.
 
   python scripts/utilization_tables.py > /tmp/tables.md     (a few seconds)
@@ -9,7 +9,7 @@ cells come from: every published number is, to its printed rounding, a point of 
 50-point logarithmic grid from 0.1 to 1000 Gbit/s (np.logspace(-1, 3, 50), a step of
 x1.207), so the third row is the grid point nearest (in log) to loco's value ('1000.0+'
 above the grid). Each table ends with how many cells of that row equal the paper's and
-how many are within one grid step, and with the `python -m loco.utilization` command
+how many are within one grid step, and with the `python -m loco.overlap_model` command
 of each loco row.
 
 References: arXiv 2503.09799 (Scaling Laws for DiLoCo, the simulated-utilization table),
@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from loco import utilization as u  # noqa: E402
+from loco import overlap_model as u  # noqa: E402
 
 GRID = np.logspace(-1, 3, 50)      # Gbit/s; the published cells are its points
 
@@ -125,7 +125,7 @@ def fmt(x):
 def command(params, step, kw):
   flags = [f'--params={params:g}', f'--step_seconds={step:g}', '--workers=2']
   flags += [f'--{k}={v}' for k, v in kw.items()]
-  return 'python -m loco.utilization ' + ' '.join(flags)
+  return 'python -m loco.overlap_model ' + ' '.join(flags)
 
 
 def table(title, groups):

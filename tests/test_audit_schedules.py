@@ -25,7 +25,7 @@ from loco import network as network_lib
 from loco import schedule as schedule_lib
 from loco import sync_plan
 from loco import timeline as timeline_lib
-from loco import utilization as u
+from loco import overlap_model as u
 from loco.engine import StepContext, local_updates
 from loco.participation import Participation
 from loco.wire import ALL_GATHER, ALL_REDUCE, NO_COMM, Wire

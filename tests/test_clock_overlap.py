@@ -1,11 +1,11 @@
 """The clock's overlap model (network.overlap): 'backward' times a step's collective as
-loco.utilization does (arXiv 2501.18512 section 3.1), 'none' as before."""
+loco.overlap_model does (arXiv 2501.18512 section 3.1), 'none' as before."""
 
 import numpy as np
 import pytest
 
 from loco import network as net_lib
-from loco import utilization as util
+from loco import overlap_model as util
 from loco.errors import ConfigError
 from loco.wire import Wire
 
@@ -42,7 +42,7 @@ def test_backward_overlap_is_the_utilization_model(workers, algorithm, sync_ever
                                                    gbit_per_s):
   """DDP (an all-reduce of every gradient every step) and DiLoCo (of the outer gradient
   every H steps) as wire records: the clock's compute / wall time, and each round's
-  wall time, equal loco.utilization's for the same parameters (bfloat16 on the wire),
+  wall time, equal loco.overlap_model's for the same parameters (bfloat16 on the wire),
   step time and bandwidth: hidden (0.2 Gbit/s), partly hidden (0.02) and mostly
   exposed (0.002)."""
   params, step = 1e6, 0.8

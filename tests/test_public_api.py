@@ -19,6 +19,12 @@ def test_every_exported_name_resolves_and_is_listed():
   assert loco.train.run and loco.stats.paired_t and loco.study.compare
 
 
+def test_a_former_name_resolves_to_its_export_and_is_not_listed():
+  assert loco.utilization is loco.overlap_model
+  assert loco.utilization.compute_utilization is loco.overlap_model.compute_utilization
+  assert 'utilization' not in loco.__all__ and 'overlap_model' in loco.__all__
+
+
 def test_import_loco_does_not_import_jax():
   out = subprocess.run([sys.executable, '-c', 'import sys, loco; print("jax" in sys.modules)'],
                        capture_output=True, text=True, check=True)

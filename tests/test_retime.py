@@ -268,7 +268,7 @@ def test_the_overlap_model_hides_communication_behind_the_backward_pass(runs, tm
                                                                         capsys):
   """DDP, 4 workers, on 0.5 s steps and 1e5 B/s links of 10 us: each step all-reduces
   the 4P-byte gradient, 6 phases of a P-byte chunk. 'none': 0.5 + 6 (1e-5 + P / 1e5) per
-  step. 'backward' (loco.utilization's model): 128 pieces of 6 (1e-5 + P / 128 / 1e5) s
+  step. 'backward' (loco.overlap_model's model): 128 pieces of 6 (1e-5 + P / 128 / 1e5) s
   (each pays the latency) from the first release, 0.5 (1/3 + 2/3 / 128) s into the
   step, back to back (a piece is longer than the release interval). DiLoCo (H = 5)
   gains as much on each sync."""

@@ -30,7 +30,7 @@ COMMANDS = [
      ['-m', 'loco.data.prepare', 'tokenizer', '--help']),
     ('loco.data.tokenizers train', 'loco-tokenizer train',
      ['-m', 'loco.data.tokenizers', 'train', '--help']),
-    ('loco.utilization', 'loco-utilization', ['-m', 'loco.utilization', '--help']),
+    ('loco.overlap_model', 'loco-utilization', ['-m', 'loco.overlap_model', '--help']),
     ('loco.batched', None, ['-m', 'loco.batched', '--help']),
     ('launch.claims', None, ['-m', 'launch.claims', '--help']),
     ('launch.scaling', None, ['-m', 'launch.scaling', '--help']),
@@ -47,7 +47,7 @@ API_GROUPS = [
     ('The model', ['ModelConfig', 'model_config', 'init_params', 'loss_fn']),
     ('Data', ['DataConfig', 'make_train_iterator', 'make_eval_windows']),
     ('Runs', ['train', 'evaluate_run', 'read_run']),
-    ('Measurement', ['stats', 'study', 'utilization']),
+    ('Measurement', ['stats', 'study', 'overlap_model']),
 ]
 
 

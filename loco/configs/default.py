@@ -139,12 +139,12 @@ def get_config() -> config_dict.ConfigDict:
   c.network.seed = placeholder(int)            # random links, stragglers, dropout, async peers
   c.network.overlap = placeholder(str)         # what communication overlaps. sync (the clock):
   #   none (default; a collective starts after the step's compute) | backward (it overlaps
-  #   the step's backward pass per layer, as loco.utilization models it, arXiv 2501.18512
+  #   the step's backward pass per layer, as loco.overlap_model models it, arXiv 2501.18512
   #   section 3.1; tau > 0 fragments as none). async: compute (default; a worker keeps
   #   computing while its exchange is in flight and merges the partner's stale model on
   #   arrival, arXiv 2606.11081) | none (it waits for the exchange)
   c.network.overlap_buckets = placeholder(int)  # backward: pieces a collective is cut into,
-  #   each paying the ring's latency (128, loco.utilization's K; 1: as none)
+  #   each paying the ring's latency (128, loco.overlap_model's K; 1: as none)
 
   c.eval = config_dict.ConfigDict()
   c.eval.every = 100                # steps between evaluations (multiple of log_every)

@@ -1,7 +1,7 @@
-"""Compute utilization against bandwidth, with no training: the overlap model of
-Streaming DiLoCo section 3.1.
+"""The overlap model of Streaming DiLoCo section 3.1: compute utilization against
+bandwidth, with no training (the clock's overlap='backward' uses its formula too).
 
-  python -m loco.utilization --params=10e9 --step_seconds=0.8 --workers=2 \\
+  python -m loco.overlap_model --params=10e9 --step_seconds=0.8 --workers=2 \\
       --algorithm=ddp|diloco|streaming_diloco [--sync_every=H --fragments=P \\
       --overlap_steps=T --latency=S --dtype=bfloat16|float32] [--json]
 
@@ -41,13 +41,12 @@ import argparse
 import dataclasses
 import json
 import math
-import sys
 from typing import Sequence
 
 from loco import cli
 from loco.errors import ConfigError, UsageError
 
-PROG = 'loco.utilization'
+PROG = 'loco.overlap_model'
 ALGORITHMS = ('ddp', 'diloco', 'streaming_diloco')
 TARGETS = (0.5, 0.8, 0.9, 0.95, 0.99)
 # Bits per value on the wire. float4 is Streaming DiLoCo's E3M0 (its 'FP4 com.' rows).
@@ -180,7 +179,7 @@ def compute_utilization(workload: Workload, gbit_per_s: float, rounds: int = 4,
     rounds: whole rounds measured (H steps each; one step for DDP).
     warmup_rounds: rounds simulated first and not measured: the queue starts empty,
       and traffic a round leaves in flight (tau > 0) reaches the steady state after one
-      round (tests/test_utilization.py checks that more rounds change nothing).
+      round (tests/test_overlap_model.py checks that more rounds change nothing).
 
   Returns:
     compute / (compute + stall) over the measured rounds.
@@ -351,7 +350,7 @@ def _json_number(x: float) -> float | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  parser = cli.Parser(prog='python -m loco.utilization', description=__doc__,
+  parser = cli.Parser(prog='python -m loco.overlap_model', description=__doc__,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument('--params', type=_positive(float), default=10e9,
                       help='parameters sent (default 10e9)')

@@ -1,4 +1,4 @@
-"""The compute-utilization model (loco.utilization): hand-computed cases, the oracles
+"""The compute-utilization model (loco.overlap_model): hand-computed cases, the oracles
 between algorithms, the latency floor, the CLI's JSON and its bad-input paths."""
 
 import json
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from loco import utilization as u
+from loco import overlap_model as u
 from loco.errors import ConfigError
 
 T = 1.0                      # seconds per step
@@ -150,7 +150,7 @@ def test_defaults_and_unread_knobs():
 
 
 def cli(*args):
-  return subprocess.run([sys.executable, '-m', 'loco.utilization', *args],
+  return subprocess.run([sys.executable, '-m', 'loco.overlap_model', *args],
                         capture_output=True, text=True, timeout=60)
 
 
@@ -194,7 +194,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, says):
   assert out.returncode == 2, (out.stdout, out.stderr)
   assert 'Traceback' not in out.stderr
   lines = out.stderr.strip().splitlines()
-  assert len(lines) == 1 and lines[0].startswith('loco.utilization: error: '), lines
+  assert len(lines) == 1 and lines[0].startswith('loco.overlap_model: error: '), lines
   assert says in lines[0]
   assert out.stdout == ''
 
@@ -205,7 +205,7 @@ def test_the_doc_tables_script_runs():
                        cwd=__file__.rsplit('/tests/', 1)[0])
   assert out.returncode == 0, out.stderr
   assert out.stdout.count('| paper |') == 14 + 15 + 3
-  assert 'python -m loco.utilization --params=1e+10 --step_seconds=0.8' in out.stdout
+  assert 'python -m loco.overlap_model --params=1e+10 --step_seconds=0.8' in out.stdout
   # docs/utilization.md quotes these counts; re-run the script and update it if they move.
   assert 'equals the paper in 9 of 70 cells' in out.stdout
   assert 'equals the paper in 52 of 75 cells and is within one grid step (x1.207) in 72' \
