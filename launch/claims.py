@@ -1226,19 +1226,8 @@ def _claims_sections(out: str, scale: Scale, figures: str, rel: str,
 
 def _tuning_table(picks: Mapping[str, Any], scale: Scale) -> list[str]:
   """Every method's settings tried, its pick, the check seed's runs and its edges."""
-  tuning = [f'| method or re-tuned variant | settings tried (final eval loss, seed '
-            f'{scale.budget.tune_seed}, tuning split) | pick | at seed {CHECK_SEED}: the pick '
-            'and its neighbour | passed over, flag | still at an edge |',
-            '|---|---|---|---|---|---|']
-  for name, p in picks.items():
-    if name in FAMILIES:
-      continue
-    grid = ', '.join(f'{label}: {loss:.4f}' for label, loss in p['grid'])
-    check = ', '.join(f'{label}: {loss:.4f}' for label, loss in p.get('check', {}).items())
-    risk = '; '.join(x for x in (', '.join(p.get('passed', [])), p.get('flag', '')) if x)
-    tuning.append(f'| {name} | {grid} | {p["label"]} | {check or "—"} | {risk or "—"} | '
-                  f'{", ".join(p["edge"]) or "—"} |')
-  return tuning
+  return study.tuning_table(picks, scale.budget.tune_seed, scale.budget.check_seed,
+                            skip=FAMILIES)
 
 
 def _changed_text(page: str, words: Mapping[int, str], fill: Mapping[str, Any]

@@ -279,12 +279,10 @@ def write_page(out: str, plan: Mapping[str, Any], p: Mapping[str, Any],
                           [f'seed {s} diverged at step {step}'
                            for s, step in (w.get('diverged') or {}).items()]) +
                 f' | {w["predicted"]:+.1%} | {inside} |')
-  tuning = [f'| {name} | {", ".join(f"{k}: {v:.4f}" for k, v in x["grid"])} | '
-            f'{x["label"]} |' for name, x in picks.items()]
   text = '\n'.join([
       f'# DiLoCo against DDP at N = {plan["params"]:,} ({plan["preset"]})', '',
-      f'`python -m launch.scaling --preset={plan["preset"]}` '
-      f'({seconds / 60:.0f} minutes of runs). {plan["steps"]} steps x {plan["batch"]} x '
+      f'`python -m launch.scaling --preset={plan["preset"]} '
+      f'--out=runs/scaling_{plan["preset"]}` ({seconds / 60:.0f} minutes of runs). {plan["steps"]} steps x {plan["batch"]} x '
       f'{plan["seq_len"]} tokens = {plan["tokens_per_weight"]:.1f} tokens per weight, '
       f'H = {plan["h"]}, seeds {plan["seeds"]}; batches: '
       + ('every row an independent window (`data.sampling=\'windows\'`)'
@@ -295,8 +293,7 @@ def write_page(out: str, plan: Mapping[str, Any], p: Mapping[str, Any],
       f'Published: {SOURCE}. The fits are extrapolated far below their 35M-2.4B range: '
       'expect the ordering and rough size, not the digits.', '',
       *rows, '', f'Ordering: {ordering(p)}.', '',
-      '| method | tuning (final eval loss, seed 0, tuning split) | pick |', '|---|---|---|',
-      *tuning, ''])
+      *study.tuning_table(picks, 0, plan.get('check_seed')), ''])
   path = os.path.join(out, 'scaling.md')
   with open(path, 'w') as f:
     f.write(text)

@@ -826,6 +826,27 @@ def add_seconds(clock: str, seconds: float) -> float:
   return total
 
 
+def tuning_table(picks: Mapping[str, Any], tune_seed: int, check_seed: int | None,
+                 skip: Collection[str] = ()) -> list[str]:
+  """A page's tuning table: per method every setting tried with its loss, the pick, the
+  check seed's runs (the pick and its neighbour), what was passed over or flagged, and
+  the knobs still at an edge. `skip`: names left out (families)."""
+  rows = [f'| method | settings tried (final eval loss, seed {tune_seed}, tuning split) | '
+          f'pick | at seed {check_seed}: the pick and its neighbour | passed over, flag | '
+          'still at an edge |', '|---|---|---|---|---|---|']
+  for name, p in picks.items():
+    if name in skip:
+      continue
+    grid = ', '.join(f'{label}: {loss:.4f}' for label, loss in p['grid'])
+    check = ', '.join(f'{label}: {loss:.4f}' for label, loss in p.get('check', {}).items())
+    risk = '; '.join(x for x in (', '.join(p.get('passed', [])), p.get('flag', '')) if x)
+    if check_seed is None:
+      check = 'no check seed'
+    rows.append(f'| {name} | {grid} | {p["label"]} | {check or "—"} | {risk or "—"} | '
+                f'{", ".join(p.get("edge", [])) or "—"} |')
+  return rows
+
+
 # ---- what a study cost ---------------------------------------------------------------
 
 UNIT_TOKENS = 1050 * 8 * 4 * 64     # one M = 8 micro run of 1,050 steps (4 x 64 per worker)
