@@ -695,3 +695,20 @@ def _study_cost_like(script, *args):
   import sys
   return subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
                         timeout=300, cwd=__file__.rsplit('/tests/', 1)[0])
+
+
+def test_the_tuning_table_shows_the_check_seed_and_what_it_passed_over():
+  picks = {
+      'a': dict(grid=[('lr1', 1.5), ('lr2', 1.25)], label='lr1', edge=[],
+                check={'lr1': 1.375, 'lr2': 9.5}, flag='lr2 diverged at seed 10'),
+      'b': dict(grid=[('lr1', 2.0)], label='lr1', edge=['optimizer.lr'], passed=['lr4']),
+      'fam': dict(grid=[], label='a', edge=[]),
+  }
+  rows = study.tuning_table(picks, 0, 10, skip=('fam',))
+  assert rows[0].startswith('| method | settings tried (final eval loss, seed 0,')
+  assert 'at seed 10: the pick and its neighbour' in rows[0]
+  assert rows[2:] == [
+      '| a | lr1: 1.5000, lr2: 1.2500 | lr1 | lr1: 1.3750, lr2: 9.5000 | '
+      'lr2 diverged at seed 10 | — |',
+      '| b | lr1: 2.0000 | lr1 | — | lr4 | optimizer.lr |']
+  assert study.tuning_table(picks, 0, None)[2].split(' | ')[3] == 'no check seed'
