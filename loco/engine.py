@@ -11,9 +11,11 @@ Chains run **per worker with a named axis**: the engine maps each worker's code 
 optax transform sees one worker's tree, and only the communication transforms of
 `loco.comm` look across workers, through named-axis collectives.
 
-`local_updates` reads two policies as values: a `loco.sync_plan.SyncPlan` (which
-fragments of the params sync at which step) and a `loco.merge.Merge` (how a fragment's
-outer step reaches the params, and when); it has no algorithm-specific branches.
+`local_updates` reads three policies as values: a `loco.sync_plan.SyncPlan` (which
+fragments of the params sync at which step), a `loco.merge.Merge` (how a fragment's
+outer step reaches the params, and when) and, per tick, a
+`loco.participation.Participation` (who takes part in a sync, and how); it has no
+algorithm-specific branches.
 """
 
 import contextlib
@@ -39,6 +41,8 @@ from loco.wire import Wire
 PyTree = Any
 
 
+# StepContext's fields; the class below adds the `sync=` spelling (a NamedTuple cannot
+# define its own __new__).
 class _Context(NamedTuple):
   active: jax.Array | None = None
   alive: jax.Array | None = None
@@ -224,8 +228,6 @@ def _view(treedef, members: Sequence[int], values: Sequence[Any]) -> PyTree:
   return jax.tree.unflatten(treedef, _put([None] * treedef.num_leaves, members, values))
 
 
-
-
 def local_updates(
     inner: optax.GradientTransformation,
     outer: optax.GradientTransformation | tuple | None,
@@ -393,6 +395,7 @@ def _init_state(inner, outer, plan, merge, vmap, wrap, params: PyTree, num_worke
   return LocoState(step=jnp.zeros((), jnp.int32), params=stacked,
                    inner_state=inner_state, anchor=anchor, outer_state=outer_state,
                    extra=extra, key=key)
+
 
 def _inner_step(inner, num_workers, mixing, key, params, inner_state, grads, active, alive):
   """One worker's inner step (inside the worker map), and what it put on the wire."""
