@@ -11,9 +11,11 @@ Chains run **per worker with a named axis**: the engine maps each worker's code 
 optax transform sees one worker's tree, and only the communication transforms of
 `loco.comm` look across workers, through named-axis collectives.
 
-`local_updates` reads two policies as values: a `loco.sync_plan.SyncPlan` (which
-fragments of the params sync at which step) and a `loco.merge.Merge` (how a fragment's
-outer step reaches the params, and when); it has no algorithm-specific branches.
+`local_updates` reads three policies as values: a `loco.sync_plan.SyncPlan` (which
+fragments of the params sync at which step), a `loco.merge.Merge` (how a fragment's
+outer step reaches the params, and when) and, per tick, a
+`loco.participation.Participation` (who takes part in a sync, and how); it has no
+algorithm-specific branches.
 """
 
 import contextlib
@@ -39,7 +41,17 @@ from loco.wire import Wire
 PyTree = Any
 
 
-class StepContext(NamedTuple):
+# StepContext's fields; the class below adds the `sync=` spelling (a NamedTuple cannot
+# define its own __new__).
+class _Context(NamedTuple):
+  active: jax.Array | None = None
+  alive: jax.Array | None = None
+  mixing: jax.Array | None = None
+  key: jax.Array | None = None
+  participation: participation_lib.Participation | None = None
+
+
+class StepContext(_Context):
   """What is special about one tick; None fields mean 'the algorithm's own default'.
 
   Attributes:
@@ -48,21 +60,19 @@ class StepContext(NamedTuple):
     alive: [M] bool, workers that take part in communication this tick; absent workers
       are left out of averages and adopt what the others agreed on.
     mixing: [M, M] mixing matrix of this tick, overriding a gossip topology.
-    sync: bool scalar, whether the outer step happens this tick (overrides a
-      one-fragment sync plan without delay), or [M] bool, which workers take an outer
-      step this tick (the asynchronous replay: only the workers of this tick's
-      exchanges); see `sync_plan.Schedule.syncing`.
     key: a PRNG key for this tick (random matchings, stochastic rounding).
-    participation: a `loco.participation.Participation`, who takes part in this
-      tick's sync and how beyond `alive` (keep-local and offline dropout, rejoining,
-      the overlapped asynchronous replay's snapshots), or None: every worker.
+    participation: a `loco.participation.Participation`: who takes part in this tick's
+      sync and how beyond `alive` (the sync override, keep-local and offline dropout,
+      rejoining, the overlapped asynchronous replay's snapshots), or None: every worker.
+      `StepContext(sync=x)` is short for `participation=Participation(sync=x)`.
   """
-  active: jax.Array | None = None
-  alive: jax.Array | None = None
-  mixing: jax.Array | None = None
-  sync: jax.Array | None = None
-  key: jax.Array | None = None
-  participation: participation_lib.Participation | None = None
+  __slots__ = ()
+
+  def __new__(cls, active=None, alive=None, mixing=None, key=None, participation=None, *,
+              sync=None):
+    if sync is not None:
+      participation = (participation or participation_lib.Participation())._replace(sync=sync)
+    return super().__new__(cls, active, alive, mixing, key, participation)
 
 
 class StepInfo(NamedTuple):
@@ -218,8 +228,6 @@ def _view(treedef, members: Sequence[int], values: Sequence[Any]) -> PyTree:
   return jax.tree.unflatten(treedef, _put([None] * treedef.num_leaves, members, values))
 
 
-
-
 def local_updates(
     inner: optax.GradientTransformation,
     outer: optax.GradientTransformation | tuple | None,
@@ -245,11 +253,9 @@ def local_updates(
   The anchor and the outer state are float32 whatever the params' dtype (the papers'
   choice: the outer step accumulates small updates). Each fragment's sync runs under one
   `lax.cond` outside the per-worker map, so a step without a sync costs only the inner
-  step. Inside that branch, before the outer step, the engine measures the sync's drift
-  (`loco.comm.drift`: pseudo-gradient norms and cosine, consensus distance) over the
-  workers taking part, on the fragment that syncs (`StepInfo.drift`). `StepContext.sync`
-  overrides a one-fragment plan without delay: a bool scalar, or an [M] mask whose False
-  workers keep their state and send nothing.
+  step; inside it, before the outer step, the engine measures the sync's drift over the
+  workers taking part (`StepInfo.drift`). Who takes part and how is the tick's
+  `Participation` (`loco.participation`), applied around each fragment's sync.
 
   Args:
     inner: per-worker optax chain applied to each worker's gradient every step.
@@ -259,9 +265,8 @@ def local_updates(
     plan: H, inner steps between two syncs of the whole model, or a `SyncPlan`.
     merge: a `merge.Merge` policy; None: `merge.delayed(0, 0.0)`, `params <- anchor`.
     shared_anchor: whether the workers' anchors are one value (the all-reduce family),
-      so that a worker rejoining after offline dropout (`Participation.rejoin`) copies
-      an up-to-date worker's anchor and outer state; False for gossip, whose anchors
-      are each worker's own.
+      which a worker rejoining after offline dropout copies (`Participation.rejoin`);
+      False for gossip, whose anchors are each worker's own.
     mesh: a mesh with a "workers" axis to shard the worker axis over, or None (vmap on
       one device).
     diagnostics: whether syncs measure drift (`StepInfo.drift`); None: as the enclosing
@@ -303,14 +308,7 @@ def local_updates(
     key, step_key = jax.random.split(state.key)
     step_key = step_key if ctx.key is None else ctx.key
 
-    def inner_worker(params, inner_state, grads, active, alive):
-      context = comm.WorkerContext(active=active, alive=alive, mixing=ctx.mixing, key=step_key)
-      updates, new_inner = inner.update(grads, inner_state, params, context=context)
-      # Inactive workers neither step nor communicate in the inner chain.
-      return (optax.tree.where(active, optax.apply_updates(params, updates), params),
-              optax.tree.where(active, new_inner, inner_state),
-              wire_lib.collect(new_inner, num_workers).where(active))
-
+    inner_worker = functools.partial(_inner_step, inner, num_workers, ctx.mixing, step_key)
     params, inner_state, wire = vmap(inner_worker, 0)(
         state.params, state.inner_state, grads, active, alive)
     s = state.step + 1
@@ -319,65 +317,48 @@ def local_updates(
       return new_state, StepInfo(wire, jnp.any(wire.events > 0))
 
     schedule = plan.schedule(params, merge.delay)
-    syncing, who = schedule.syncing(s, ctx.sync)
-    # Who takes part in each fragment's sync, and how: applied around it.
-    policy = participation_lib.policy(ctx.participation, alive, who,
-                                      shared_anchor=shared_anchor, delay=merge.delay,
-                                      vmap=vmap)
+    # Who takes part in each fragment's sync, and how: one value applied around it.
+    syncing, policy = participation_lib.policy(ctx.participation, schedule, s, active, alive,
+                                               shared_anchor=shared_anchor, vmap=vmap)
     p_leaves, treedef = jax.tree.flatten(params)
     a_leaves = jax.tree.leaves(state.anchor)
     m_leaves = [jax.tree.leaves(b) for b in state.extra]    # the merge state's trees
     outer_states = list(state.outer_state) if fragmented else [state.outer_state]
     silent = axis.replicate(wire_lib.empty(num_workers), num_workers)
-    still = axis.replicate(drift_lib.zeros(), num_workers) if measure else None
-    drift = still
-    # Who the diagnostics are over: the workers taking part in the sync.
-    taking_part = alive if policy.who is None else alive & policy.who
+    drift = still = axis.replicate(drift_lib.zeros(), num_workers) if measure else None
     for f, members in enumerate(schedule.members):
       view = functools.partial(_view, treedef, members)
-      pick = lambda leaves: [leaves[i] for i in members]
+      operands = lambda f=f, members=members: (   # the fragment's leaves as they are now
+          [p_leaves[i] for i in members], [a_leaves[i] for i in members], outer_states[f],
+          tuple([b[i] for i in members] for b in m_leaves))
       sync = functools.partial(_sync_fragment, merge, outer, view, num_workers, ctx.mixing,
-                               step_key, policy.phase)
+                               step_key)
+      deliver = lambda p, a, m, view=view: jax.tree.leaves(
+          merge.on_arrival(view(p), view(a), tuple(map(view, m))))
 
-      def synced_fragment(ops, view=view, sync=sync):
+      def synced_fragment(ops, sync=sync, deliver=deliver):
         # Measured before the outer step: the params as the round's inner steps left them.
-        if not measure:
-          measured = ()
-        elif mesh is None:     # the stacked leaves: two Gram matrices
-          measured = (drift_lib.measure_stacked(ops[0], ops[1], taking_part),)
-        else:                  # inside the worker map: reductions over the worker axis
-          measured = (vmap(drift_lib.measure, 0)(ops[0], ops[1], taking_part),)
-        new, wire = policy.after_sync(*vmap(sync, 0)(*ops, active, alive, policy.adopt))
-        if not merge.delay:     # the update arrives at the end of its own sync step
-          p, a, o, m = new
-          new = (jax.tree.leaves(merge.on_arrival(view(p), view(a), tuple(map(view, m)))),
-                 a, o, m)
-        return (*policy.select(new, wire, ops), *measured)
+        measured = _drift(measure, mesh, vmap, ops, policy.taking_part)
+        arrive = (None if merge.delay     # else at the end of its own sync step
+                  else lambda new: (deliver(new[0], new[1], new[3]), *new[1:]))
+        return (*policy.sync(sync, ops, arrive), *measured)
 
-      operands = (pick(p_leaves), pick(a_leaves), outer_states[f], tuple(map(pick, m_leaves)))
       # One cond outside the worker map: a step without this fragment's sync skips it
       # for every worker (a cond inside the map on an [M] mask would be a select).
       (new_p, new_a, outer_states[f], new_m), outer_wire, *measured = jax.lax.cond(
           syncing == f, synced_fragment,
-          lambda ops: (ops, silent, *((still,) if measure else ())), operands)
+          lambda ops: (ops, silent, *((still,) if measure else ())), operands())
       if measure:   # at most one fragment syncs in a step: its measurement is the step's
         drift = jax.tree.map(lambda d, m, f=f: jnp.where(syncing == f, m, d), drift,
                              measured[0])
       for leaves, values in zip([p_leaves, a_leaves, *m_leaves], [new_p, new_a, *new_m]):
         _put(leaves, members, values)
       wire = wire.merge(outer_wire)
-      if policy.send is not None:   # after the merges: the senders store their snapshots
-        snap = functools.partial(_sync_fragment, merge, outer, view, num_workers,
-                                 ctx.mixing, step_key, 'send')
-        outer_states[f] = policy.store_snapshots(
-            lambda ops, snap=snap: vmap(snap, 0)(*ops, active, alive, policy.adopt)[0][2],
-            (pick(p_leaves), pick(a_leaves), outer_states[f], tuple(map(pick, m_leaves))))
+      outer_states[f] = policy.snapshots(sync, operands())   # after the merges
       if merge.delay:     # delivery, tau steps after the sync (elementwise: no map)
-        arrive = lambda p, a, m: jax.tree.leaves(
-            merge.on_arrival(view(p), view(a), tuple(map(view, m))))
-        _put(p_leaves, members, jax.lax.cond(
-            schedule.arriving(s) == f, arrive, lambda p, a, m: p,
-            pick(p_leaves), pick(a_leaves), tuple(map(pick, m_leaves))))
+        p, a, _, m = operands()
+        _put(p_leaves, members, jax.lax.cond(schedule.arriving(s) == f, deliver,
+                                             lambda p, a, m: p, p, a, m))
     unflatten = functools.partial(jax.tree.unflatten, treedef)
     # The merge state's own container (() or a NamedTuple) around its rebuilt trees.
     container = jax.tree.structure(state.extra, is_leaf=lambda x: x is not state.extra)
@@ -415,8 +396,30 @@ def _init_state(inner, outer, plan, merge, vmap, wrap, params: PyTree, num_worke
                    inner_state=inner_state, anchor=anchor, outer_state=outer_state,
                    extra=extra, key=key)
 
-def _sync_fragment(merge, outer, view, num_workers, mixing, key, phase, params, anchor,
-                   outer_state, merge_state, active, alive, adopt):
+
+def _inner_step(inner, num_workers, mixing, key, params, inner_state, grads, active, alive):
+  """One worker's inner step (inside the worker map), and what it put on the wire."""
+  context = comm.WorkerContext(active=active, alive=alive, mixing=mixing, key=key)
+  updates, new_inner = inner.update(grads, inner_state, params, context=context)
+  # Inactive workers neither step nor communicate in the inner chain.
+  return (optax.tree.where(active, optax.apply_updates(params, updates), params),
+          optax.tree.where(active, new_inner, inner_state),
+          wire_lib.collect(new_inner, num_workers).where(active))
+
+
+def _drift(measure: bool, mesh, vmap, ops, taking_part: jax.Array) -> tuple:
+  """The sync's drift over the workers `taking_part`, from the fragment's (params,
+  anchor) leaves in `ops` before the outer step: one `Drift`, or () when not measured."""
+  if not measure:
+    return ()
+  if mesh is None:     # the stacked leaves: two Gram matrices
+    return (drift_lib.measure_stacked(ops[0], ops[1], taking_part),)
+  # Inside the worker map: reductions over the worker axis.
+  return (vmap(drift_lib.measure, 0)(ops[0], ops[1], taking_part),)
+
+
+def _sync_fragment(merge, outer, view, num_workers, mixing, key, params, anchor,
+                   outer_state, merge_state, active, alive, adopt, phase=None):
   """One worker's outer step of a fragment (lists of its leaves), inside the worker
   map, before the merge reaches the params; and what it put on the wire. With phase
   'send' (the overlapped asynchronous replay) only the snapshot of what this worker

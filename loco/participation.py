@@ -2,22 +2,25 @@
 
 The engine (`loco.engine.local_updates`) runs a fragment's outer step for every worker
 under one `lax.cond`; a tick's `Participation`, which the simulated network writes into
-its `StepContext` (dropout, the asynchronous replay), decides what each worker keeps of
-that step, applied around it in one place (`Policy`):
+its `StepContext` (dropout, the asynchronous replay), decides who takes an outer step
+and what each worker keeps of it, applied around the sync in one place (`Policy.sync`):
 
   all        every worker merges the sync (no Participation: the default; workers that
-             are not `alive` are left out of the averages and adopt the result)
+             are not `StepContext.alive` are left out of the averages and adopt the
+             result)
+  sync       whether the sync happens this tick, or which workers take an outer step
+             (the asynchronous replay: the workers of this tick's exchanges; the
+             others keep their state)
   keep       absent workers keep their own params (keep-local dropout)
   isolate    ... and their anchor, outer and merge state too (offline dropout): stale
              until they `rejoin`, when they copy an up-to-date worker's
+             (`loco.comm.catch_up`)
   send       the overlapped asynchronous replay: the senders store a snapshot of what
-             they send, after the tick's merges
-
-The schedule's own [M] `sync` mask (the asynchronous replay: only this tick's
-exchanging workers take an outer step) is applied here too (`Policy.who`).
+             they send, after the tick's merges (`Policy.snapshots`)
 """
 
 import dataclasses
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -34,10 +37,15 @@ PyTree = Any
 
 
 class Participation(NamedTuple):
-  """How the workers take part in this tick's sync, beyond `StepContext.alive`; None
-  fields mean 'as every other worker'.
+  """Who takes part in this tick's sync and how, beyond `StepContext.alive`; None
+  fields mean 'as every other worker', None for the whole value: every worker.
 
   Attributes:
+    sync: bool scalar, whether the outer step happens this tick (overrides the sync
+      plan of an algorithm with one fragment and no delay), or [M] bool, which workers
+      take an outer step this tick (the asynchronous replay: only the workers of this
+      tick's exchanges; the others keep their state and send nothing); see
+      `sync_plan.Schedule.syncing`.
     keep: [M] bool, absent workers that keep their own params at a sync (keep-local
       dropout, `network.dropout_mode='keep_local'` or `'offline'`): an absent worker
       with `keep` does not merge the outer step into its params and goes on from its
@@ -51,8 +59,8 @@ class Participation(NamedTuple):
       its pseudo-gradient against its own anchor like the others, then copies the
       anchor, outer state and merge state of an up-to-date worker (the lowest-index
       alive worker that is not rejoining), whose bytes are counted: the sender sends
-      them, the rejoining worker receives them. Read by algorithms whose anchors are
-      shared (`local_updates(..., shared_anchor=True)`).
+      them, the rejoining worker receives them (`loco.comm.catch_up`). Read by
+      algorithms whose anchors are shared (`local_updates(..., shared_anchor=True)`).
     send: [M] bool, the overlapped asynchronous replay (`network.overlap='compute'`):
       workers that send their model at the end of this tick (after the tick's merges):
       their gossip stores the value it mixes as their snapshot, and this tick's `sync`
@@ -60,25 +68,34 @@ class Participation(NamedTuple):
       values. None: exchanges read current values. Needs an algorithm built with
       snapshots (`AsyncReplay.overlapped`).
   """
+  sync: jax.Array | None = None
   keep: jax.Array | None = None
   isolate: jax.Array | None = None
   rejoin: jax.Array | None = None
   send: jax.Array | None = None
 
 
+# One worker's sync of a fragment: `sync(params, anchor, outer_state, merge_state, active,
+# alive, adopt, phase=...) -> ((params, anchor, outer_state, merge_state), wire)`.
+SyncFn = Callable[..., tuple[Any, Wire]]
+
+
 @dataclasses.dataclass(frozen=True)
 class Policy:
   """A tick's participation as [M] masks, applied around each fragment's sync inside
-  the step (`policy`); the worker map `vmap` is the engine's.
+  the step (built by `policy`).
 
   Attributes:
+    active: workers that take an inner step this tick.
     alive: workers that take part in communication.
     who: workers whose sync result is kept (the others keep their state), or None: all.
     adopt: workers that adopt the synced result (False: isolated, cut off).
     keep_params: absent workers that go on from their own params, or None.
     rejoin: workers that copy an up-to-date worker's state after the sync, or None.
     send: workers that store a snapshot of what they send, or None.
+    vmap: the engine's worker map (`loco.axis.vmap` over its mesh).
   """
+  active: jax.Array
   alive: jax.Array
   who: jax.Array | None
   adopt: jax.Array
@@ -93,49 +110,87 @@ class Policy:
     snapshots (partners' stale models are merged), else None."""
     return None if self.send is None else 'merge'
 
-  def after_sync(self, new, wire: Wire) -> tuple[Any, Wire]:
-    """After the workers' outer step (before the merge reaches the params): rejoining
-    workers catch up with an up-to-date one."""
-    if self.rejoin is None:
-      return new, wire
-    num_workers = self.alive.shape[0]
-    silent = axis.replicate(wire_lib.empty(num_workers), num_workers)
-    new, caught = jax.lax.cond(
-        jnp.any(self.rejoin & self.alive),
-        lambda n: self.vmap(_catch_up, 0)(n, self.alive, self.rejoin),
-        lambda n: (n, silent), new)
-    return new, wire.merge(caught)
+  @property
+  def taking_part(self) -> jax.Array:
+    """[M] bool: the workers taking part in the sync (alive, and syncing)."""
+    return self.alive if self.who is None else self.alive & self.who
 
-  def select(self, new, wire: Wire, old) -> tuple[Any, Wire]:
-    """What each worker keeps of the sync (`new`, its `wire`) against its state before
-    it (`old`, both (params, anchor, outer state, merge state) lists of leaves)."""
+  def sync(self, sync: SyncFn, operands, arrive: Callable | None = None) -> tuple[Any, Wire]:
+    """A fragment's sync for every worker with this tick's participation around it.
+
+    Args:
+      sync: one worker's sync of the fragment (`SyncFn`), mapped over the workers.
+      operands: every worker's (params, anchor, outer state, merge state) of the
+        fragment, before the sync.
+      arrive: `arrive(new) -> new`, the merge reaching the params at the sync itself
+        (after rejoining workers caught up), or None.
+
+    Returns:
+      (new, wire): what each worker keeps of the sync, and what it put on the wire.
+    """
+    new, wire = self._map(sync, operands, self.phase)
+    if self.rejoin is not None:    # rejoining workers copy an up-to-date one's state
+      num_workers = self.alive.shape[0]
+      silent = axis.replicate(wire_lib.empty(num_workers), num_workers)
+      new, caught = jax.lax.cond(jnp.any(self.rejoin & self.alive), self._catch_up,
+                                 lambda n: (n, silent), new)
+      wire = wire.merge(caught)
+    if arrive is not None:
+      new = arrive(new)
     if self.who is not None:     # workers that sit this sync out keep their state
       new, wire = self.vmap(lambda w, n, o, x: (optax.tree.where(w, n, o), x.where(w)), 0)(
-          self.who, new, old, wire)
+          self.who, new, operands, wire)
     if self.keep_params is not None:   # absent workers go on from their own params
       new = (self.vmap(lambda k, n, o: optax.tree.where(k, o, n), 0)(
-          self.keep_params, new[0], old[0]), *new[1:])
+          self.keep_params, new[0], operands[0]), *new[1:])
     return new, wire
 
-  def store_snapshots(self, snapshot: Callable[[Any], Any], operands) -> PyTree:
-    """The outer state after the senders store their snapshots (`snapshot(operands)`:
-    every worker's outer state with its snapshot of what it sends)."""
+  def snapshots(self, sync: SyncFn, operands) -> PyTree:
+    """The fragment's outer state after the senders store a snapshot of what they send
+    (after the tick's merges; `operands` as in `sync`); unchanged without senders."""
+    if self.send is None:
+      return operands[2]
+
     def store(ops):
+      snapshot = self._map(sync, ops, 'send')[0][2]
       return self.vmap(lambda w, n, o: optax.tree.where(w, n, o), 0)(
-          self.send, snapshot(ops), ops[2])
+          self.send, snapshot, ops[2])
     return jax.lax.cond(jnp.any(self.send), store, lambda ops: ops[2], operands)
 
+  def _map(self, sync: SyncFn, operands, phase: str | None) -> tuple[Any, Wire]:
+    return self.vmap(functools.partial(sync, phase=phase), 0)(
+        *operands, self.active, self.alive, self.adopt)
 
-def policy(participation: Participation | None, alive: jax.Array, who: jax.Array | None,
-           *, shared_anchor: bool, delay: int, vmap: Callable) -> Policy:
-  """The tick's `Policy`: `alive` [M], `who` the schedule's [M] mask of the workers
-  that sync (or None), `shared_anchor` whether rejoining workers can copy an anchor,
-  `delay` the merge's tau."""
+  def _catch_up(self, new) -> tuple[Any, Wire]:
+    params, *held = new
+    held, wire = self.vmap(comm.catch_up, 0)(tuple(held), self.alive, self.rejoin)
+    return (params, *held), wire
+
+
+def policy(participation: Participation | None, schedule, step: jax.Array,
+           active: jax.Array, alive: jax.Array, *, shared_anchor: bool,
+           vmap: Callable) -> tuple[jax.Array, Policy]:
+  """The fragment that syncs at `step` and the tick's `Policy`.
+
+  Args:
+    participation: the tick's `Participation`, or None: every worker.
+    schedule: the `sync_plan.Schedule` of the params (its `syncing` and `delay`).
+    step: the step counter after this step's inner update.
+    active: [M] bool, workers that take an inner step.
+    alive: [M] bool, workers that take part in communication.
+    shared_anchor: whether the workers' anchors are one value, so that rejoining
+      workers can copy an up-to-date worker's (False: `rejoin` is ignored).
+    vmap: the engine's worker map.
+
+  Returns:
+    (syncing, policy): the fragment that syncs (-1: none) and the tick's policy.
+  """
   p = participation or Participation()
+  syncing, who = schedule.syncing(step, p.sync)
   adopt = jnp.ones(alive.shape, bool)
   keep_params = None
   if p.keep is not None:      # keep-local dropout: absent workers keep their params
-    if delay:
+    if schedule.delay:
       raise ConfigError('keep-local dropout needs a merge at the sync itself '
                         '(overlap_steps=0); use dropout_mode discard.')
     keep_params = ~alive & jnp.asarray(p.keep, bool)
@@ -145,48 +200,5 @@ def policy(participation: Participation | None, alive: jax.Array, who: jax.Array
       who = kept if who is None else who & kept
   rejoin = None if p.rejoin is None or not shared_anchor else jnp.asarray(p.rejoin, bool)
   send = None if p.send is None else jnp.asarray(p.send, bool)
-  return Policy(alive=alive, who=who, adopt=adopt, keep_params=keep_params, rejoin=rejoin,
-                send=send, vmap=vmap)
-
-
-def _catch_up(new, alive, rejoin):
-  """A rejoining worker copies the anchor, outer state (but its links' own state:
-  `comm.LINK_STATES`) and merge state that the lowest-index up-to-date alive worker
-  holds after the sync (inside the worker map). When every alive worker is rejoining
-  (none is up to date), the lowest-index alive worker's history wins: it keeps the
-  outer step it took on its own anchor and the others copy it, so that the alive
-  workers leave the sync with one anchor (the schedule then counts them up to date
-  and the absent ones stale)."""
-  params, *held = new
-  fresh = axis.all_gather(alive & ~rejoin)
-  donors = jnp.where(jnp.any(fresh), fresh, axis.all_gather(alive))
-  source = jnp.argmax(donors)
-  me = axis.axis_index()
-  take = rejoin & alive & (me != source)
-  own = lambda x: isinstance(x, comm.LINK_STATES)   # each worker keeps its link's state
-  copied = jax.tree.map(lambda x: x if own(x) else _from_worker(x, me == source), held,
-                        is_leaf=own)
-  held = optax.tree.where(take, copied, held)
-  # What a real worker sends: the anchor and the optimizer's float arrays.
-  nbytes = jnp.float32(comm.tree_bytes([
-      x for x in jax.tree.leaves(jax.tree.map(lambda x: None if own(x) else x, held,
-                                              is_leaf=own))
-      if jnp.issubdtype(x.dtype, jnp.floating)]))
-  takers = axis.psum(take.astype(jnp.float32))
-  serves = (me == source) & (takers > 0)
-  wire = Wire(sent=jnp.where(serves, nbytes * takers, 0.0),
-              received=jnp.where(take, nbytes, 0.0),
-              events=(serves | take).astype(jnp.int32),
-              kind=jnp.where(serves | take, comm.ALL_REDUCE, comm.NO_COMM).astype(jnp.int32),
-              payload=jnp.zeros((), jnp.float32),
-              peers=jnp.where(serves, axis.all_gather(take), jax.nn.one_hot(
-                  source, axis.axis_size(), dtype=bool) & take))
-  return (params, *held), wire
-
-
-def _from_worker(x: jax.Array, mine: jax.Array) -> jax.Array:
-  """Inside the worker map: the value of `x` on the one worker where `mine` is True
-  (a sum with zeros elsewhere, exact; booleans travel as integers)."""
-  if x.dtype == jnp.bool_:
-    return axis.psum(jnp.where(mine, x, False).astype(jnp.int32)) > 0
-  return axis.psum(jnp.where(mine, x, jnp.zeros_like(x)))
+  return syncing, Policy(active=active, alive=alive, who=who, adopt=adopt,
+                         keep_params=keep_params, rejoin=rejoin, send=send, vmap=vmap)

@@ -100,14 +100,14 @@ class Schedule(NamedTuple):
               override: jax.Array | None = None) -> tuple[jax.Array, jax.Array | None]:
     """The fragment that syncs at `step` (-1: none), and which workers sync.
 
-    `override` is `StepContext.sync`: a bool scalar (sync now, or not), or an [M] mask
+    `override` is `Participation.sync`: a bool scalar (sync now, or not), or an [M] mask
     of the workers that sync (the asynchronous replay); it replaces the slot table of a
     one-fragment schedule without delay. The second value is that mask, or None: all.
     """
     if override is None:
       return jnp.asarray(self.slots)[step % self.sync_every], None
     if len(self.members) > 1 or self.delay:
-      raise ConfigError('StepContext.sync overrides the sync schedule of one fragment '
+      raise ConfigError('Participation.sync overrides the sync schedule of one fragment '
                         'without overlap; this algorithm follows its own fragment '
                         'schedule.')
     override = jnp.asarray(override, bool)

@@ -326,7 +326,7 @@ def test_replay_bytes_per_exchange_equal_the_engines(name, kwargs, overlap):
     ctx = timeline.contexts(t, 1)
     ctx = jax.tree.map(lambda x: jnp.asarray(x[0]), ctx)
     state, info = step(state, jax.tree.map(jnp.ones_like, state.params), ctx)
-    on = np.asarray(ctx.sync)
+    on = np.asarray(ctx.participation.sync)
     np.testing.assert_allclose(np.asarray(info.wire.sent)[on], timeline.exchange_bytes)
     np.testing.assert_allclose(np.asarray(info.wire.received)[on], timeline.exchange_bytes)
     np.testing.assert_allclose(np.asarray(info.wire.payload)[on], timeline.exchange_bytes)

@@ -225,5 +225,5 @@ def test_bad_input():
     _make(compression='e2m1')
   alg = _make(sync_every=6)
   state = alg.init(params, 2, jax.random.PRNGKey(0))
-  with pytest.raises(ConfigError, match='StepContext.sync'):
+  with pytest.raises(ConfigError, match='Participation.sync'):
     alg.step(state, state.params, StepContext(sync=jnp.array(True)))

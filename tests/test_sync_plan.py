@@ -77,10 +77,10 @@ def test_a_step_context_overrides_a_one_fragment_plan():
   index, _ = schedule.syncing(jnp.asarray(4), np.zeros(3, bool))
   assert int(index) == -1
   fragmented = sync_plan.streaming(6, 2).schedule(_blocks_tree(num_blocks=2))
-  with pytest.raises(ConfigError, match='StepContext.sync'):
+  with pytest.raises(ConfigError, match='Participation.sync'):
     fragmented.syncing(jnp.asarray(1), jnp.asarray(True))
   delayed = sync_plan.every(4).schedule({'w': jnp.ones(2)}, delay=1)
-  with pytest.raises(ConfigError, match='StepContext.sync'):
+  with pytest.raises(ConfigError, match='Participation.sync'):
     delayed.syncing(jnp.asarray(1), jnp.asarray(True))
 
 

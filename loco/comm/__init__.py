@@ -9,6 +9,8 @@ The modules::
   ties     ties_mean: outer gradients pruned by magnitude and merged by sign (TIES)
   drift    a sync's drift diagnostics (pseudo-gradient norms and cosine, consensus
            distance): reductions over the worker axis that measure, not communicate
+  rejoin   catch_up: a rejoining worker copies an up-to-date worker's state (offline
+           dropout), LINK_STATES: the link states it never copies
 
 The graphs themselves (topologies, random families, `resolve_topology`) are host-side
 numpy in `loco.topology`; the names below re-export the ones algorithms use.
@@ -20,14 +22,10 @@ from loco.comm.core import (TRANSPORT_DTYPES, WORKERS, WorkerContext, alive_of, 
 from loco.comm.drift import Drift
 from loco.comm.gossip import (GossipState, Mixed, gossip, keep_snapshots, mixing_step,
                               round_key)
+from loco.comm.rejoin import LINK_STATES, catch_up
 from loco.comm.sparse import (CompressedState, compressed_all_reduce_mean,
                               sparse_all_gather_mean)
 from loco.comm.sparta import SpartaState
 from loco.comm.ties import ties_mean
 from loco.topology import is_all_reduce, pairwise_family, resolve_topology
 from loco.wire import ALL_GATHER, ALL_REDUCE, GOSSIP, KINDS, NO_COMM, Wire
-
-# The states of communication links: each worker's own (its wire record, error-feedback
-# residual, random key), never copied from another worker (an offline worker's catch-up copies
-# the rest of the outer state).
-LINK_STATES = (Wire, CompressedState, GossipState, SpartaState)
