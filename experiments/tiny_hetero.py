@@ -14,7 +14,7 @@ GPU); links are 1 Gbit/s with 10 ms latency (workers across the internet), and i
 
 - diloco: synchronous; every sync is a ring all-reduce over all 8 workers, so it runs
   at the pace of the slow links.
-- gasloc: GASLoC replayed asynchronously (loco/schedule.py): after its H local steps a
+- gasloc: GASLoC replayed asynchronously (loco/sim/schedule.py): after its H local steps a
   worker averages models with a random ready peer (any worker: topology 'matching'),
   then takes its outer Nesterov step; nobody waits for the slow workers but their
   partners.

@@ -24,9 +24,9 @@ import sys
 import time
 
 from loco import cli
-from loco import study
+from loco.lab import study
 from loco.errors import LocoError
-from loco.study import Final, Method
+from loco.lab.study import Final, Method
 
 PROG = 'python -m launch.batch_shapes'
 BASE = 'experiments/micro.py:ddp'

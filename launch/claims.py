@@ -6,7 +6,7 @@
 
 This file is the experiment record: the methods and their knobs, the finals, the claims
 with their margins, sources and regimes, the figures and the page. The protocol is
-`loco.study`'s:
+`loco.lab.study`'s:
 - Tuning. Every method tunes the shared inner-lr grid (1.5e-3, 3e-3, 6e-3) and then its
   own knob (three values) at the best inner lr, five settings each, and an edge pick is
   extended once; each setting trains once (seed 0) at the final length and is scored on
@@ -28,7 +28,7 @@ with their margins, sources and regimes, the figures and the page. The protocol 
   the margin, "not reproduced" if it lies on the other side, "inconclusive" otherwise.
   Where the first look's CI straddles the margin, both finals train seeds 4 and 5 and the
   test looks again at all five; each look's CI is at 97.2% so that the two looks keep
-  the 2.5% level (`loco.study.LOOK_LEVEL`). A claim made of several comparisons holds if
+  the 2.5% level (`loco.lab.study.LOOK_LEVEL`). A claim made of several comparisons holds if
   every one holds and fails if any fails after Holm's correction. The eval windows' own
   document-clustered SE of each difference is shown beside (the uncertainty about
   held-out text, which the seed test does not include).
@@ -63,15 +63,15 @@ import numpy as np
 
 from launch import claims_figures
 from loco import cli
-from loco import frontier
-from loco import network as network_lib
-from loco import plots
-from loco import report
-from loco import runs as runs_lib
+from loco.lab import frontier
+from loco.sim import network as network_lib
+from loco.lab import plots
+from loco.lab import report
+from loco.files import runs as runs_lib
 from loco import stats
-from loco import study
+from loco.lab import study
 from loco.errors import LocoError
-from loco.study import Final, Group, Knob, Method
+from loco.lab.study import Final, Group, Knob, Method
 
 BASE = 'experiments/micro.py:ddp'      # no algorithm keys set: any algorithm on top
 PAGE = os.path.join('docs', 'claims.md')
@@ -941,7 +941,7 @@ def drift_text(out: str, scale: Scale, g: Mapping[str, Group], picks: Mapping[st
 
 
 def chi1_of() -> dict[str, float]:
-  from loco import topology   # imports numpy only; the topologies of 8 workers
+  from loco.comm import topology   # imports numpy only; the topologies of 8 workers
   return {t: topology.make_topology(t, 8).chi1 for t in TOPOLOGIES if t != 'complete'} | {
       'complete': topology.make_topology('complete', 8).chi1}
 
@@ -1008,7 +1008,7 @@ def topology_text(table: Mapping[tuple[str, int], Group], scale: Scale) -> list[
 
 def fixed_graphs() -> list[str]:
   """The topologies (not complete) whose graph is the same every round."""
-  from loco import topology
+  from loco.comm import topology
   return [t for t in TOPOLOGIES
           if t != 'complete' and not topology.make_topology(t, 8).is_random]
 

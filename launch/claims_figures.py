@@ -25,14 +25,14 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from loco import frontier
-from loco import network as network_lib
-from loco import plots
-from loco import report
-from loco import runs as runs_lib
-from loco import study
-from loco.study import Final, Group, Method
-from loco.sweep import retime_runs
+from loco.lab import frontier
+from loco.sim import network as network_lib
+from loco.lab import plots
+from loco.lab import report
+from loco.files import runs as runs_lib
+from loco.lab import study
+from loco.lab.study import Final, Group, Method
+from loco.lab.sweep import retime_runs
 
 FIGURES = {'time': 'sim_time.png', 'time_to_target': 'time_to_target.png',
            'pareto': 'pareto_bytes.png'}
@@ -55,13 +55,13 @@ def _seed_dir(out: str, name: str, seed: int) -> str:
 
 
 class _Named(NamedTuple):
-  name: str                     # FINAL/seedS, as `loco.sweep.retime_runs` reads a run
+  name: str                     # FINAL/seedS, as `loco.lab.sweep.retime_runs` reads a run
 
 
 def retime_finals(out: str, finals: Sequence[Final], budget: study.Budget,
                   networks: Mapping[str, Mapping[str, Any]],
                   say: Callable[[str], None] = print) -> int:
-  """Re-times every finished synchronous final on each network (`loco.sweep.retime_runs`:
+  """Re-times every finished synchronous final on each network (`loco.lab.sweep.retime_runs`:
   one already current is skipped); returns the failures, each said in one line."""
   runs = [_Named(f'{f.name}/seed{s}') for f in finals for s in f.seeds_of(budget)
           if os.path.isdir(_seed_dir(out, f.name, s))]

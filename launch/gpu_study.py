@@ -27,7 +27,7 @@ is cut to the time left).
               and on a 1 x 1 workers x fsdp mesh of the device (the shard_map path):
               compile time against step time, and their losses compared.
   batched     R = 1, 4, 16 runs of the micro and tiny models in one program
-              (`loco.run_axis`) against one run at a time (the train loop's own chunk).
+              (`loco.run.run_axis`) against one run at a time (the train loop's own chunk).
 
 A dry run (`--dry_run`) runs the same phases through the same code and page writer at
 CPU sizes (nano and micro models, a few steps; about 2 minutes on 2 cores):
@@ -56,7 +56,7 @@ import traceback
 from typing import Any, Callable, Mapping, Sequence
 
 from loco import cli
-from loco import runs as runs_lib
+from loco.files import runs as runs_lib
 from loco.errors import LocoError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,7 +82,7 @@ TOLERANCE = {'highest': 1e-3, 'default': 1e-2}
 BYTE_KEYS = ('bytes_sent', 'bytes_received', 'peak_bytes', 'syncs')
 LOSS_KEYS = ('train_loss', 'eval_loss', 'eval_loss_workers')
 
-# What stays float32 when model.dtype is bfloat16 (loco/model.py, loco/engine.py).
+# What stays float32 when model.dtype is bfloat16 (loco/model.py, loco/core/engine.py).
 FLOAT32_PARTS = ('the parameters (master weights) and their gradients, the inner AdamW '
                  'state, the anchor and the outer state; RMSNorm statistics, RoPE angles, '
                  'attention scores and softmax, the logits and the loss. In bf16: the '
@@ -310,7 +310,7 @@ def phase_parity(sizes: Sizes, res: Results, work: str) -> None:
 
 
 def _read_parity_run(workdir: str, code: int, seconds: float, log: str) -> dict[str, Any]:
-  from loco import runs as runs_lib
+  from loco.files import runs as runs_lib
   out: dict[str, Any] = {'exit': code, 'seconds': seconds}
   if code:
     with open(log, errors='replace') as f:
@@ -352,7 +352,7 @@ def _experiment(shape: Shape, seed: int = 0, **keys: Any):
   """The main job's config at `shape` (model keys, M x B x L), with more config keys."""
   from experiments import tiny_gasloc
   from loco import model as model_lib
-  from loco.experiment import parse_config
+  from loco.run.experiment import parse_config
   c = tiny_gasloc.get_config()
   model = dict(shape.model)
   c.model.preset = model.pop('preset')
@@ -371,7 +371,7 @@ def _experiment(shape: Shape, seed: int = 0, **keys: Any):
 
 
 def _grad_mode(exp) -> str:
-  """The run's grad_mode as `loco.axis.map_workers` resolves 'auto' here."""
+  """The run's grad_mode as `loco.comm.axis.map_workers` resolves 'auto' here."""
   import jax
   if exp.run.grad_mode != 'auto':
     return exp.run.grad_mode
@@ -410,9 +410,9 @@ class _Chunk:
     import jax
     import jax.numpy as jnp
     import numpy as np
-    from loco import experiment as experiment_lib
-    from loco import placement
-    from loco import step as step_lib
+    from loco.run import experiment as experiment_lib
+    from loco.run import placement
+    from loco.run import step as step_lib
     r = exp.run
     algorithm = experiment_lib.build_algorithm(exp, mesh)
     key = jax.random.key(r.seed)
@@ -512,7 +512,7 @@ def phase_batched(sizes: Sizes, res: Results) -> None:
   import jax
   import jax.numpy as jnp
   import numpy as np
-  from loco import run_axis
+  from loco.run import run_axis
   keys = {'algorithm.sync_every': sizes.sync_every}
   for preset in sizes.batched_presets:
     shape = dataclasses.replace(sizes.batched_shape, name=preset, model={'preset': preset})
@@ -560,8 +560,8 @@ def phase_mesh(sizes: Sizes, res: Results) -> None:
   import jax
   import numpy as np
   from jax.sharding import AxisType, Mesh
-  from loco import placement
-  from loco.axis import WORKERS
+  from loco.run import placement
+  from loco.comm.axis import WORKERS
   exp = _experiment(sizes.mesh_shape, **{'algorithm.sync_every': sizes.sync_every})
   mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), (WORKERS, placement.FSDP),
               axis_types=(AxisType.Auto,) * 2)
@@ -737,8 +737,8 @@ def _batched_section(b: Mapping[str, Any], meta: Mapping[str, Any]) -> list[str]
   if not b:
     return out + ['Not measured.']
   out.append('R runs of the main job\'s shape (different seeds and inner lr) in one '
-             'program (`loco.run_axis.make_batched_chunk`) against one run at a time '
-             '(`loco.step.make_train_chunk`, what one process per run trains). Tokens/s '
+             'program (`loco.run.run_axis.make_batched_chunk`) against one run at a time '
+             '(`loco.run.step.make_train_chunk`, what one process per run trains). Tokens/s '
              'over all runs; start-up and compilation not counted.')
   for preset in meta['batched_presets']:
     rows = b.get(preset)

@@ -10,7 +10,7 @@ size N: from scratch, `--tokens_per_weight` training tokens per weight (20, Chin
 H = 30, a global batch of G sequences split over M workers, the embedded corpus. DDP
 (one worker holding the whole batch: the same update as M workers averaging) and DiLoCo
 with M = 1, 2, 4, 8 (outer Nesterov, momentum 0.9) get equal tuning budgets
-(`loco.study`: the shared inner-lr grid, then the outer lr 0.4 / 0.7 / 1.0, five
+(`loco.lab.study`: the shared inner-lr grid, then the outer lr 0.4 / 0.7 / 1.0, five
 settings each, an edge pick extended once), scored on validation[:50%]; the picks train
 at seeds 1-3 and are scored by `loco.evaluate` on validation[50%:]. Runs that differ
 only in seed or lr train three at a time in one program (`--batch_runs`).
@@ -34,12 +34,12 @@ import warnings
 from typing import Any, Mapping, Sequence
 
 from loco import cli
-from loco import runs as runs_lib
+from loco.files import runs as runs_lib
 from loco import stats
-from loco import study
+from loco.lab import study
 from loco.errors import LocoError
-from loco.study import Final, Knob, Method
-from loco.workdir import write_json
+from loco.lab.study import Final, Knob, Method
+from loco.files.workdir import write_json
 
 BASE = 'experiments/micro.py:ddp'
 H = 30
@@ -107,7 +107,7 @@ def steps_for(tokens_per_weight: float, params: int, tokens_per_step: int, h: in
 def _params(preset: str) -> int:
   from loco import model as model_lib   # imports jax: only where a plan is made
   from loco.configs import default
-  from loco.experiment import parse_config
+  from loco.run.experiment import parse_config
   # With jax imported, its fork hook warns at every run the sweep starts; subprocess
   # execs at once after the fork, which is safe.
   warnings.filterwarnings('ignore', message=r'os\.fork\(\) was called',
@@ -128,7 +128,7 @@ PROBE_STEPS = 7 * H     # about 200 steps, whole rounds (eval.every is a multipl
 
 def probe_runs(plan: Mapping[str, Any], batch_runs: int) -> list[Any]:
   """The sizing probe: `batch_runs` DiLoCo M = 8 runs of PROBE_STEPS steps."""
-  from loco import sweep
+  from loco.lab import sweep
   steps = PROBE_STEPS
   b = budget({**plan, 'steps': steps})
   m8 = methods(plan['batch'])[-1]
@@ -140,7 +140,7 @@ def probe_runs(plan: Mapping[str, Any], batch_runs: int) -> list[Any]:
 def _probe(out: str, plan: dict[str, Any], batch_runs: int) -> float:
   """Seconds per step of `batch_runs` DiLoCo M = 8 runs trained together (whole wall,
   compilation included), from a short sweep in OUT/probe."""
-  from loco import sweep
+  from loco.lab import sweep
   runs = probe_runs(plan, batch_runs)
   steps = PROBE_STEPS
   t = time.time()
@@ -200,7 +200,7 @@ def make_plan(out: str, preset: str, quick: bool, tokens_per_weight: float,
               seeds=[1, 2] if quick else [1, 2, 3], eval_batches=4 if quick else 32,
               score_batches=16 if quick else 512, batch_runs=batch_runs,
               sampling=sampling or 'windows',
-              # The pick and its neighbour train again at this seed (loco.study); a plan
+              # The pick and its neighbour train again at this seed (loco.lab.study); a plan
               # from before the check seed has none and keeps its picks.
               check_seed=None if quick else CHECK_SEED,
               tokens_per_weight_asked=tokens_per_weight, minutes=minutes)
@@ -323,7 +323,7 @@ def overlay(dirs: Sequence[str], path: str) -> str:
   """The relative gap against N: the published fits (lines), Table 4's measured points
   (open markers) and every points.json of `dirs` (filled, with 95% CIs)."""
   import numpy as np
-  from loco import plots
+  from loco.lab import plots
   fig, (ax,) = plots.figure(1, width=6.5, height=4.2)
   ns = np.logspace(5, 10, 60)
   for i, m in enumerate(WORKERS):

@@ -4,7 +4,7 @@
 
 RUNS.json is a list of {"workdir": W, "argv": ["--config=experiments/x.py", "--config.seed=2",
 ...]}, each run's `loco.main` arguments. The runs may differ only in seed and the run
-knobs (`loco.run_axis.RUN_KNOBS`); anything else is refused in one line naming the
+knobs (`loco.run.run_axis.RUN_KNOBS`); anything else is refused in one line naming the
 setting. `loco.sweep --batch_runs=N` writes the file and starts this command.
 
 Each workdir ends up as `loco.main` would leave it: config.json, metrics.jsonl,
@@ -38,8 +38,8 @@ PROG = 'loco.batched'
 
 def run_batched(configs: Sequence[Any], workdirs: Sequence[str],
                 outcomes: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-  """Trains (or resumes) the runs as one program: `loco.train.run_many`."""
-  from loco import train
+  """Trains (or resumes) the runs as one program: `loco.run.train.run_many`."""
+  from loco.run import train
   return train.run_many(configs, workdirs, outcomes)
 
 
@@ -78,10 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   outcomes: dict[str, dict[str, Any]] = {}
 
   def body() -> int:
-    from loco import checkpoint
-    from loco import step
-    from loco import sweep
-    from loco import train
+    from loco.run import checkpoint
+    from loco.run import step
+    from loco.lab import sweep
+    from loco.run import train
     spec = _read_runs(args.runs)
     configs = []
     for r in spec:
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
   code = cli.run(PROG, body)
   if args.results:
-    from loco.workdir import write_json
+    from loco.files.workdir import write_json
     try:
       write_json(args.results, outcomes)
     except OSError as e:

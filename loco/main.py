@@ -1,6 +1,6 @@
 """Entry point: python -m loco.main --config=experiments/tiny_gasloc.py --workdir=runs/x.
 
-Flags in (`loco.flags`), `train.run(config, workdir)` out. What a user can cause ends
+Flags in (`loco.run.flags`), `train.run(config, workdir)` out. What a user can cause ends
 as one line on stderr and a non-zero exit; Ctrl-C and SIGTERM stop the run at its next
 chunk boundary and save a checkpoint there, and the same command resumes it.
 """
@@ -26,7 +26,7 @@ from absl import flags as absl_flags
 from absl import logging
 
 from loco import configs
-from loco import flags
+from loco.run import flags
 from loco.errors import Interrupted, LocoError
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -42,7 +42,7 @@ def main(argv):
     sys.exit(1)
   if flags.distributed() is not None:   # before anything touches a JAX backend
     _initialize_distributed()
-  from loco import checkpoint, experiment, step, train  # pylint: disable=g-import-not-at-top
+  from loco.run import checkpoint, experiment, step, train  # pylint: disable=g-import-not-at-top
   step.enable_compilation_cache()
   if flags.WORKDIR.value is not None and not flags.WORKDIR.value.strip():
     _exit('loco: error: --workdir is empty; name a directory, or leave the flag out for '
@@ -68,7 +68,7 @@ def main(argv):
 
 def _initialize_distributed() -> None:
   import jax  # pylint: disable=g-import-not-at-top
-  from loco import placement  # pylint: disable=g-import-not-at-top
+  from loco.run import placement  # pylint: disable=g-import-not-at-top
   try:
     placement.initialize_distributed(**flags.distributed())
   except LocoError as e:

@@ -2,12 +2,12 @@
 
 Every communication transform keeps a `Wire` in its state (what its last update sent);
 the engine `collect`s them into `StepInfo.wire`; the network clock reads a host copy
-(`network.Clock.step`); `comms.jsonl` stores it (`loco.commlog`) and `loco.retime`
+(`network.Clock.step`); `comms.jsonl` stores it (`loco.sim.commlog`) and `loco.retime`
 reads it back. One record under one set of names, from the collective to the clock.
 
 This module sits at the bottom of the import graph: it imports no other loco module,
 and jax only inside the functions that compute on records, so that the host readers
-(`loco.network`, `loco.commlog`, `loco.runs`, and through them the report and sweep
+(`loco.sim.network`, `loco.sim.commlog`, `loco.files.runs`, and through them the report and sweep
 commands) stay free of jax.
 """
 

@@ -25,9 +25,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from loco import algorithms, axis, model, optim  # noqa: E402
+from loco import algorithms, model  # noqa: E402
+from loco.comm import axis
+from loco.algorithms import optim
 from loco.comm import drift  # noqa: E402
-from loco import step as step_lib  # noqa: E402
+from loco.run import step as step_lib  # noqa: E402
 
 _PRESETS = flags.DEFINE_list('presets', ['micro', 'tiny'], 'Model presets.')
 _ALGORITHMS = flags.DEFINE_list('algorithms', ['diloco', 'gasloc'], 'Algorithms with rounds.')

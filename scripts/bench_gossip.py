@@ -41,7 +41,7 @@ import optax
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from loco import comm  # pylint: disable=g-import-not-at-top
 from loco import model as model_lib  # pylint: disable=g-import-not-at-top
-from loco import topology as topology_lib  # pylint: disable=g-import-not-at-top
+from loco.comm import topology as topology_lib  # pylint: disable=g-import-not-at-top
 
 
 def _best_seconds(fn: Callable[[], Any], repeats: int) -> float:

@@ -52,8 +52,8 @@ import jax.numpy as jnp  # pylint: disable=g-import-not-at-top,wrong-import-posi
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from loco.configs import default  # pylint: disable=g-import-not-at-top,wrong-import-position
 from loco import model as model_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
-from loco import experiment, placement  # pylint: disable=g-import-not-at-top,wrong-import-position
-from loco import step as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
+from loco.run import experiment, placement  # pylint: disable=g-import-not-at-top,wrong-import-position
+from loco.run import step as step_lib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 GIB = 2 ** 30
 

@@ -22,8 +22,9 @@ import jax
 import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from loco import algorithms, optim  # pylint: disable=g-import-not-at-top
-from loco import step as step_lib  # pylint: disable=g-import-not-at-top
+from loco import algorithms  # pylint: disable=g-import-not-at-top
+from loco.algorithms import optim
+from loco.run import step as step_lib  # pylint: disable=g-import-not-at-top
 from loco import model as model_lib  # pylint: disable=g-import-not-at-top
 
 
@@ -51,7 +52,7 @@ def bench_step(cfg: model_lib.ModelConfig, batch_size: int, seq_len: int,
                num_workers: int, grad_mode: str, steps: int) -> tuple[float, float]:
   """Returns (compile seconds, seconds per step) of loco's own training chunk.
 
-  The chunk is `loco.step.make_train_chunk` (per-worker value_and_grad, then the
+  The chunk is `loco.run.step.make_train_chunk` (per-worker value_and_grad, then the
   algorithm's step, state donated) for local training without communication
   (local SGD that never syncs), so it measures compute, not the all-reduce.
   """

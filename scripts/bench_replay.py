@@ -28,8 +28,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from loco import algorithms, model, network, optim, timeline  # noqa: E402
-from loco import step as step_lib  # noqa: E402
+from loco import algorithms, model  # noqa: E402
+from loco.sim import network, timeline
+from loco.algorithms import optim
+from loco.run import step as step_lib  # noqa: E402
 
 _MODEL = flags.DEFINE_string('model', 'nano', 'Model preset.')
 _WORKERS = flags.DEFINE_integer('workers', 8, 'Simulated workers.')

@@ -26,10 +26,10 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from loco import run_axis  # noqa: E402
-from loco import step as step_lib  # noqa: E402
+from loco.run import run_axis  # noqa: E402
+from loco.run import step as step_lib  # noqa: E402
 from loco.configs import default  # noqa: E402
-from loco.experiment import build_algorithm, parse_config  # noqa: E402
+from loco.run.experiment import build_algorithm, parse_config  # noqa: E402
 
 _PRESET = flags.DEFINE_string('preset', 'micro', 'Model preset.')
 _RUNS = flags.DEFINE_list('runs', ['1', '3', '9'], 'Run counts R to batch.')

@@ -24,8 +24,8 @@ import jax.numpy as jnp
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from loco import model as model_lib  # pylint: disable=g-import-not-at-top
-from loco import optim
-from loco import step as step_lib
+from loco.algorithms import optim
+from loco.run import step as step_lib
 from loco.algorithms.sparseloco import sparseloco, sparseloco_outer
 from loco.comm import WorkerContext
 

@@ -29,8 +29,8 @@ PHASES = ('python', 'imports', 'config', 'init', 'data', 'restore', 'first_batch
 def child(spec: str, overrides: dict, workdir: str, t_launch: float) -> None:
   t0 = time.time()
   from loco import configs
-  from loco import step as step_lib
-  from loco import train
+  from loco.run import step as step_lib
+  from loco.run import train
   t1 = time.time()
   step_lib.enable_compilation_cache()   # as loco.main does
   config = configs.load(spec, overrides)
@@ -40,7 +40,7 @@ def child(spec: str, overrides: dict, workdir: str, t_launch: float) -> None:
   out = dict(python=t0 - t_launch, imports=t1 - t0, **timings, end_to_end=t2 - t_launch)
   # Throughput after the first chunk: as reported (each record's tokens over its
   # seconds) and from the wall clock (the same tokens over the loop's wall time).
-  from loco.metrics import read_metrics
+  from loco.files.metrics import read_metrics
   records = read_metrics(workdir)[1:]
   if records:
     tokens = records[-1]['tokens'] - read_metrics(workdir)[0]['tokens']

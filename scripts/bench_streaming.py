@@ -24,8 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from loco import algorithms, model, optim  # noqa: E402
-from loco import step as step_lib  # noqa: E402
+from loco import algorithms, model  # noqa: E402
+from loco.algorithms import optim
+from loco.run import step as step_lib  # noqa: E402
 
 _WORKERS = flags.DEFINE_integer('workers', 4, 'Simulated workers.')
 _BATCH = flags.DEFINE_integer('batch', 8, 'Sequences per worker per step.')

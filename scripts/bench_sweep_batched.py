@@ -28,7 +28,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 M, B, H = 8, 4, 15
 
 _SPEC = """
-from loco.sweep import Run
+from loco.lab.sweep import Run
 
 
 def get_sweep():

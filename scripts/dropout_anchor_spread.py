@@ -22,9 +22,9 @@ import numpy as np
 import optax
 
 from loco import comm
-from loco import schedule as schedule_lib
-from loco.engine import StepContext, local_updates
-from loco.participation import Participation
+from loco.sim import schedule as schedule_lib
+from loco.core.engine import StepContext, local_updates
+from loco.core.participation import Participation
 
 REPRODUCER = [(0, 1, 1), (0, 0, 1), (1, 1, 0), (1, 1, 1), (1, 1, 1)]
 

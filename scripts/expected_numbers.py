@@ -58,7 +58,7 @@ if REPO not in sys.path:     # sweep specs and configs import launch.* and exper
 
 from loco import cli  # noqa: E402
 from loco import configs  # noqa: E402
-from loco import runs as runs_lib  # noqa: E402
+from loco.files import runs as runs_lib  # noqa: E402
 from loco.errors import LocoError, UsageError  # noqa: E402
 
 SCRIPT = 'scripts/expected_numbers.py'
@@ -155,7 +155,7 @@ class Record:
 
 def _format(value: Any) -> str:
   # As loco.sweep writes an override on a command line.
-  from loco import sweep
+  from loco.lab import sweep
   return sweep._format(value)   # pylint: disable=protected-access
 
 
@@ -165,7 +165,7 @@ def records(measured: Sequence[Measured] | None = None, repo: str = REPO) -> lis
   Raises:
     LocoError: a spec has no run of a record's name, or two records share a name.
   """
-  from loco import sweep
+  from loco.lab import sweep
   specs: dict[str, dict[str, Any]] = {}
   out = []
   for m in RECORDS if measured is None else measured:
@@ -711,7 +711,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           raise LocoError(f'--from {d} is not a directory.')
       return harvest_all(everything, args.dirs, expected_path,
                          only=[r.name for r in recs])
-    from loco import sweep
+    from loco.lab import sweep
     out = os.path.abspath(args.out)
     cwd = os.getcwd()
     os.chdir(REPO)       # the commands name their config files from the repository root

@@ -25,8 +25,11 @@ from absl import logging
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments import tiny_hetero  # noqa: E402
-from loco import experiment, model, report, timeline, train  # noqa: E402
-from loco.metrics import read_metrics  # noqa: E402
+from loco.run import experiment, train  # noqa: E402
+from loco import model
+from loco.lab import report
+from loco.sim import timeline
+from loco.files.metrics import read_metrics  # noqa: E402
 
 _OUT = flags.DEFINE_string('out', 'runs/hetero', 'Directory for the runs and hetero.md.')
 _STEPS = flags.DEFINE_integer('steps', None, 'Override the inner steps of every run.')

@@ -1,4 +1,4 @@
-"""The error rates of the study protocol's two rules, by simulation (loco.study).
+"""The error rates of the study protocol's two rules, by simulation (loco.lab.study).
 
   python scripts/protocol_rates.py [--trials=200000]
 
@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from loco import study  # noqa: E402
+from loco.lab import study  # noqa: E402
 
 
 def two_looks(trials: int) -> None:

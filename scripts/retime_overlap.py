@@ -23,9 +23,9 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from loco import retime  # noqa: E402
-from loco import train  # noqa: E402
-from loco.metrics import read_metrics  # noqa: E402
+from loco.lab import retime  # noqa: E402
+from loco.run import train  # noqa: E402
+from loco.files.metrics import read_metrics  # noqa: E402
 
 GBIT = 1e9 / 8
 NETWORKS = {'1 Gbit/s, no latency': dict(bandwidth=GBIT, latency=0.0),

@@ -15,7 +15,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from launch import claims  # noqa: E402
-from loco import study  # noqa: E402
+from loco.lab import study  # noqa: E402
 from loco.errors import LocoError  # noqa: E402
 
 

@@ -13,10 +13,10 @@ import os
 
 import pytest
 
-from loco import experiment
+from loco.run import experiment
 from loco import model as model_lib
-from loco import train
-from loco.metrics import read_metrics
+from loco.run import train
+from loco.files.metrics import read_metrics
 from loco.wire import ALL_REDUCE, GOSSIP
 
 STEPS, LOG_EVERY, BATCH, SEQ = 6, 2, 1, 16

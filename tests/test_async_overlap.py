@@ -12,11 +12,11 @@ import pytest
 
 from loco import algorithms
 from loco import comm
-from loco import network as net_lib
-from loco import schedule as schedule_lib
-from loco import timeline as timeline_lib
-from loco.engine import StepContext
-from loco.participation import Participation
+from loco.sim import network as net_lib
+from loco.sim import schedule as schedule_lib
+from loco.sim import timeline as timeline_lib
+from loco.core.engine import StepContext
+from loco.core.participation import Participation
 from loco.errors import ConfigError
 
 RING4 = np.roll(np.eye(4, dtype=bool), 1, 1) | np.roll(np.eye(4, dtype=bool), -1, 1)
@@ -339,7 +339,7 @@ def test_replay_bytes_per_exchange_equal_the_engines(name, kwargs, overlap):
 
 @pytest.mark.slow
 def test_overlapped_gasloc_through_the_loop_reports_staleness(nano_config, tmp_path):
-  from loco import train
+  from loco.run import train
   nano_config.num_workers = 4
   nano_config.algorithm.name = 'gasloc'
   nano_config.algorithm.sync_every = 5
@@ -364,7 +364,7 @@ def test_an_async_run_from_before_the_overlap_key_resumes_blocking(nano_config, 
   it with the new default ('compute') would be another run, so it is refused in one
   line, and network.overlap='none' resumes it."""
   import json
-  from loco import train
+  from loco.run import train
   from loco.errors import WorkdirError
   nano_config.num_workers = 4
   nano_config.algorithm.name = 'gasloc'
@@ -391,7 +391,7 @@ def test_an_async_run_from_before_the_overlap_key_resumes_blocking(nano_config, 
 def test_overlapped_replay_on_8_devices_matches_one_device():
   """The send phase and the snapshot merges under shard_map (one worker per device)
   give the one-device run's params and bytes."""
-  from loco.placement import make_mesh, state_shardings
+  from loco.run.placement import make_mesh, state_shardings
   m = 8
   bandwidth = np.full((m, m), 1000.0)
   bandwidth[:2, :] = bandwidth[:, :2] = 10.0

@@ -2,7 +2,7 @@
 all-gather's absent workers: numpy replays and hand counts written from the definitions.
 
 Each block pins what its module docstring states: the eager estimate, its correction
-on arrival and the outer state it steps from (loco/merge.py); SPARTA's per-tensor shared
+on arrival and the outer state it steps from (loco/core/merge.py); SPARTA's per-tensor shared
 masks and its bytes at the transport dtype (loco/comm/sparta.py); MuLoCo's defaults
 (loco/algorithms/muloco.py and its registry entry); the fraction DiLoCo's `prune` cuts
 from each tensor (loco/comm/ties.py); GASLoC's `pairwise` rounds (one neighbour, one
@@ -22,18 +22,18 @@ import pytest
 
 from loco import algorithms
 from loco import comm
-from loco import compress
-from loco import experiment
-from loco import merge
+from loco.comm import compress
+from loco.run import experiment
+from loco.core import merge
 from loco import model as model_lib
-from loco import network
-from loco import optim
-from loco import topology as topology_lib
+from loco.sim import network
+from loco.algorithms import optim
+from loco.comm import topology as topology_lib
 from loco.algorithms.muloco import muloco
 from loco.comm import WorkerContext
 from loco.comm.sparta import random_parameter_average
-from loco.engine import StepContext
-from loco.participation import Participation
+from loco.core.engine import StepContext
+from loco.core.participation import Participation
 
 ITEMSIZE = {'float32': 4, 'bfloat16': 2, 'float16': 2}
 

@@ -21,18 +21,18 @@ from hypothesis import given, settings, strategies as st
 
 from launch import claims
 from loco import batched
-from loco import report
-from loco import run_axis
-from loco import runs
+from loco.lab import report
+from loco.run import run_axis
+from loco.files import runs
 from loco import stats
-from loco import study
-from loco import train
+from loco.lab import study
+from loco.run import train
 from loco.data import c4
 from loco.data import clean
 from loco.errors import Interrupted
-from loco.experiment import parse_config
-from loco.metrics import read_metrics
-from loco.placement import Placement
+from loco.run.experiment import parse_config
+from loco.files.metrics import read_metrics
+from loco.run.placement import Placement
 from tests.c4_shards import write_c4_shards
 from tests.nano import make_nano_config
 

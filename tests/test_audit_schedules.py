@@ -21,13 +21,13 @@ from hypothesis import example, given, settings, strategies as st
 
 from loco import algorithms
 from loco import comm
-from loco import network as network_lib
-from loco import schedule as schedule_lib
-from loco import sync_plan
-from loco import timeline as timeline_lib
+from loco.sim import network as network_lib
+from loco.sim import schedule as schedule_lib
+from loco.core import sync_plan
+from loco.sim import timeline as timeline_lib
 from loco import overlap_model as u
-from loco.engine import StepContext, local_updates
-from loco.participation import Participation
+from loco.core.engine import StepContext, local_updates
+from loco.core.participation import Participation
 from loco.wire import ALL_GATHER, ALL_REDUCE, NO_COMM, Wire
 
 # ---------------------------------------------------------------------------

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from loco import batched
-from loco import checkpoint as checkpoint_lib
-from loco import train
+from loco.run import checkpoint as checkpoint_lib
+from loco.run import train
 from loco.errors import ConfigError, Interrupted
-from loco.metrics import read_metrics
+from loco.files.metrics import read_metrics
 from tests.nano import make_nano_config
 
 RUNS = [dict(seed=1, lr=3e-3, outer_lr=0.7), dict(seed=2, lr=1e-3, outer_lr=0.5),
@@ -183,8 +183,8 @@ def test_links_inside_a_workdir_or_a_sweep_are_refused_and_the_rule_is_one_line(
   nothing inside it may be (a `checkpoints/` into another run would be written and
   pruned under another run's lock); a sweep's run directories may not be links out of
   --out; a lock held by this very process says so instead of naming itself as another."""
-  from loco import sweep
-  from loco import workdir as workdir_lib
+  from loco.lab import sweep
+  from loco.files import workdir as workdir_lib
   from loco.errors import WorkdirError
   other = tmp_path / 'other'
   (other / 'checkpoints').mkdir(parents=True)

@@ -20,8 +20,8 @@ import tensorflow_datasets as tfds
 
 from loco import configs
 from loco import errors
-from loco import experiment
-from loco import train
+from loco.run import experiment
+from loco.run import train
 from loco.data import c4
 from loco.data import prepare as prepare_cli
 from loco.data import sources

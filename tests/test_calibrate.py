@@ -1,4 +1,4 @@
-"""The clock against real transfers (loco.calibrate, loco.netns): the pure parts (counter
+"""The clock against real transfers (loco.calibrate, loco.sim.netns): the pure parts (counter
 parsing, step times, the prediction, the fit, the table), the link-efficiency key, bad
 input as one line, and (slow) the smallest case end to end in a shaped namespace."""
 
@@ -7,12 +7,12 @@ import os
 import numpy as np
 import pytest
 
-from loco import calibrate
+from loco.lab import calibrate
 from loco import configs
 from loco.configs import default
-from loco import netns
-from loco import network
-from loco import retime
+from loco.sim import netns
+from loco.sim import network
+from loco.lab import retime
 from loco.errors import ConfigError, LocoError, UsageError
 from loco.wire import ALL_GATHER, ALL_REDUCE, GOSSIP, Wire
 

@@ -9,8 +9,8 @@ import pytest
 
 from launch import claims
 from launch import claims_figures
-from loco import study
-from loco import sweep
+from loco.lab import study
+from loco.lab import sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -9,8 +9,8 @@ import pytest
 
 from launch import claims
 from launch import claims_figures as cf
-from loco import retime
-from loco import study
+from loco.lab import retime
+from loco.lab import study
 
 BUDGET = study.Budget(base='experiments/micro.py:ddp', steps=12, steps_h1=6, common={},
                       inner_lrs=(1e-3, 2e-3, 4e-3), seeds=(1, 2))

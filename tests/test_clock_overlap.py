@@ -4,7 +4,7 @@ loco.overlap_model does (arXiv 2501.18512 section 3.1), 'none' as before."""
 import numpy as np
 import pytest
 
-from loco import network as net_lib
+from loco.sim import network as net_lib
 from loco import overlap_model as util
 from loco.errors import ConfigError
 from loco.wire import Wire

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from loco import compare
+from loco.lab import compare
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T2 = 4.302652729911275       # Student's t, 97.5% quantile, 2 df
@@ -20,7 +20,7 @@ Z = 1.959963984540054        # the normal's 97.5% quantile
 
 def _run(root, name, loss, se=0.05, seed=0, algorithm='ddp', steps=30, sent=1e6,
          split='validation', eval_every=10, sim=2.0, **config):
-  """A run as loco.train leaves it: config.json, and metrics.jsonl logging every 5 steps
+  """A run as loco.run.train leaves it: config.json, and metrics.jsonl logging every 5 steps
   with an eval every `eval_every` steps whose final value is `loss` (± `se`)."""
   path = os.path.join(root, name)
   os.makedirs(path)

@@ -8,8 +8,9 @@ import numpy as np
 import optax
 import pytest
 
-from loco import comm, compress
-from loco.compress import chunking
+from loco import comm
+from loco.comm import compress
+from loco.comm.compress import chunking
 from loco.comm import WorkerContext
 from loco.errors import ConfigError
 

@@ -13,7 +13,7 @@ import jax
 import pytest
 
 from loco import data as data_lib
-from loco import experiment
+from loco.run import experiment
 from loco import model as model_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

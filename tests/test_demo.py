@@ -9,9 +9,9 @@ import pytest
 from scipy.fft import dctn, idctn
 
 from loco import comm
-from loco import compress
+from loco.comm import compress
 from loco.algorithms.demo import demo
-from loco.compress.dct import dct_matrix, dct_topk
+from loco.comm.compress.dct import dct_matrix, dct_topk
 from loco.errors import ConfigError
 
 M, LR, BETA, K, CHUNK, STEPS = 3, 0.05, 0.9, 3, 4, 6

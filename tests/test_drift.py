@@ -9,9 +9,9 @@ import optax
 import pytest
 
 from loco import algorithms
-from loco import runs
+from loco.files import runs
 from loco.comm import drift as drift_lib
-from loco.engine import StepContext, local_updates
+from loco.core.engine import StepContext, local_updates
 
 M = 4
 LR = 0.1      # the inner SGD's: the test redoes a sync step's inner step in numpy
@@ -224,7 +224,7 @@ def test_a_rows_diagnostics_are_the_mean_over_its_syncs():
 @pytest.mark.slow     # 9 s
 def test_on_a_mesh_the_diagnostics_equal_the_one_device_ones():
   """8 workers on 8 devices (the worker axis sharded): the same values as under vmap."""
-  from loco.placement import make_mesh, state_shardings
+  from loco.run.placement import make_mesh, state_shardings
   m, got = 8, []
   for mesh in (None, make_mesh(8, 8)):
     alg = algorithms.make('diloco', optax.sgd(LR), sync_every=2, mesh=mesh)

@@ -17,13 +17,13 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from loco import comm
-from loco import network as network_lib
-from loco import schedule as schedule_lib
-from loco import timeline as timeline_lib
-from loco import merge as merge_lib
+from loco.sim import network as network_lib
+from loco.sim import schedule as schedule_lib
+from loco.sim import timeline as timeline_lib
+from loco.core import merge as merge_lib
 from loco.algorithms.diloco import diloco
-from loco.engine import StepContext, local_updates
-from loco.participation import Participation
+from loco.core.engine import StepContext, local_updates
+from loco.core.participation import Participation
 from loco.errors import ConfigError
 from loco.wire import Wire
 
@@ -288,7 +288,7 @@ def test_keep_local_on_a_mesh_equals_one_device():
   """16 workers in blocks of 2 on 8 devices, dropout and churn offline: the
   catch-up's copy from the up-to-date worker crosses devices; params, anchors and bytes
   equal the one-device run's."""
-  from loco.placement import make_mesh, state_shardings
+  from loco.run.placement import make_mesh, state_shardings
   m, h = 16, 2
   sched = schedule_lib.SyncSchedule(m, round_steps=h, dropout=0.4, churn=((5, 1, 6),),
                                     seed=2, dropout_mode='offline')
@@ -334,7 +334,7 @@ def test_derived_local_steps_in_synchronous_rounds():
   np.testing.assert_array_equal(tl.active(0, 12).sum(axis=0), [12, 6, 2, 12])
   # Two rounds on an instant network: every worker spends 6 s computing per round
   # (6 x 1 s, 3 x 2 s, 1 x 4 s) and waits for nobody.
-  from loco.engine import StepInfo
+  from loco.core.engine import StepInfo
   m = 4
   zeros = np.zeros((12, m))
   info = StepInfo(Wire(sent=zeros, received=zeros, events=zeros.astype(int),

@@ -7,15 +7,15 @@ import optax
 import pytest
 
 from loco import algorithms
-from loco import axis
+from loco.comm import axis
 from loco import configs
 from loco import comm
-from loco import merge
+from loco.core import merge
 from loco import model as model_lib
-from loco import optim
-from loco import step as step_lib
+from loco.algorithms import optim
+from loco.run import step as step_lib
 from loco.algorithms import spec as spec_lib
-from loco.engine import StepContext, local_updates
+from loco.core.engine import StepContext, local_updates
 from loco.errors import ConfigError
 
 M = 4

@@ -9,9 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from loco import evaluate
-from loco import train
-from loco.metrics import read_metrics
+from loco.run import evaluate
+from loco.run import train
+from loco.files.metrics import read_metrics
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""loco.frontier: the Pareto front against its definition, the step line, and curves read
+"""loco.lab.frontier: the Pareto front against its definition, the step line, and curves read
 from re-timed runs."""
 
 import json
@@ -8,7 +8,7 @@ import os
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from loco import frontier
+from loco.lab import frontier
 from loco.errors import RunFileError
 
 

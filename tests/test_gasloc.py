@@ -10,9 +10,9 @@ import pytest
 
 from loco import algorithms
 from loco import comm
-from loco import optim
-from loco import topology as topology_lib
-from loco.engine import StepContext
+from loco.algorithms import optim
+from loco.comm import topology as topology_lib
+from loco.core.engine import StepContext
 from loco.errors import ConfigError
 
 

@@ -49,7 +49,7 @@ import pytest
 
 from loco import algorithms
 from loco import model as model_lib
-from loco import optim
+from loco.algorithms import optim
 
 GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'golden',
                       'trajectories.json')

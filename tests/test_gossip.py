@@ -18,9 +18,10 @@ import pytest
 
 from loco import algorithms
 from loco import comm
-from loco import topology as topology_lib
+from loco.comm import topology as topology_lib
 from loco import wire as wire_lib
-from loco import axis, placement
+from loco.comm import axis
+from loco.run import placement
 from loco.errors import ConfigError
 from tests import hlo as hlo_lib
 

@@ -23,11 +23,11 @@ hf_tokenizers = pytest.importorskip('tokenizers')
 
 import loco.data as ld  # noqa: E402
 from loco import errors  # noqa: E402
-from loco import experiment  # noqa: E402
-from loco import train  # noqa: E402
+from loco.run import experiment  # noqa: E402
+from loco.run import train  # noqa: E402
 from loco.data import hf  # noqa: E402
 from loco.data import sources  # noqa: E402
-from loco.metrics import TIMING_KEYS, read_metrics  # noqa: E402
+from loco.files.metrics import TIMING_KEYS, read_metrics  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB = 512

@@ -12,8 +12,8 @@ import optax
 import pytest
 
 from loco import comm
-from loco import merge
-from loco.engine import local_updates
+from loco.core import merge
+from loco.core.engine import local_updates
 from loco.errors import ConfigError
 
 

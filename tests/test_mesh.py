@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from loco import algorithms
-from loco import axis
+from loco.comm import axis
 from tests import hlo as hlo_lib
 
 
@@ -81,8 +81,9 @@ def _compiled(name, m=8, overrides=()):
   state, grads). `overrides`: (key, value) pairs over its keys."""
   registered, keys, _ = ALGORITHMS[name]
   keys = {**keys, **dict(overrides)}
-  from loco import model as model_lib, optim
-  from loco.placement import make_mesh, state_shardings
+  from loco import model as model_lib
+  from loco.algorithms import optim
+  from loco.run.placement import make_mesh, state_shardings
   mesh = make_mesh(8, m)
   # Without the drift diagnostics: their reductions over the worker axis are
   # all-reduces a deployment would not run, and this program is held to what it counts.
@@ -198,7 +199,7 @@ def test_sparseloco_gathers_only_its_top_k_payload():
   int32 indices and float32 values (at the message's capacity) by all-gather, so the
   program sends 8 bytes per kept value where StepInfo counts the packed payload
   (12-bit-or-less indices, 2-bit codes, scales): counted and explained."""
-  from loco import compress
+  from loco.comm import compress
   _, keys, _ = ALGORITHMS['sparseloco']
   hlo, model_bytes, alg, state, grads = _compiled('sparseloco', overrides=(('dense_below', 0),))
   traffic = _traffic(hlo)
@@ -249,8 +250,8 @@ def _diloco_chunk(workers: int, fsdp: int, slices: int = 1):
   """DiLoCo (nano, 4 workers, a sync every step) on a `workers` x `fsdp` mesh of
   `slices` slices: (mesh, the state's init, its abstract state, the compiled chunk)."""
   from loco.configs import default
-  from loco import experiment, placement
-  from loco import step as step_lib
+  from loco.run import experiment, placement
+  from loco.run import step as step_lib
   c = default.get_config()
   c.model.preset, c.model.vocab_size = 'nano', 256
   c.num_workers, c.batch_per_worker, c.seq_len = 4, 4, 32
@@ -308,8 +309,9 @@ def test_large_models_draw_per_tensor_so_a_sharded_init_holds_less_than_a_model(
   `PER_TENSOR_FROM` weights every tensor has its own key and each device draws only
   its shard (nano stands in for 150m / 1b here by lowering the threshold)."""
   from loco.configs import default
-  from loco import experiment, model, placement
-  from loco import step as step_lib
+  from loco.run import experiment, placement
+  from loco import model
+  from loco.run import step as step_lib
   jax.clear_caches()        # init_params' trace is cached per config
   monkeypatch.setattr(model._NormalDraws, 'PER_TENSOR_FROM', 0 if per_tensor else 1 << 40)
   try:
@@ -336,8 +338,9 @@ def test_large_models_draw_per_tensor_so_a_sharded_init_holds_less_than_a_model(
 # Every algorithm under shard_map equals the one-device vmap run.
 
 def _run_steps(name, m, mesh, steps=4):
-  from loco import model as model_lib, optim
-  from loco.placement import state_shardings
+  from loco import model as model_lib
+  from loco.algorithms import optim
+  from loco.run.placement import state_shardings
   registered, keys, _ = ALGORITHMS[name]
   alg = algorithms.make(registered, optim.inner_optimizer(
       optim.InnerConfig(decay_steps=10)), mesh=mesh, **keys)
@@ -370,7 +373,7 @@ _DEFAULT_EQUAL = set()   # all with pytest -m slow; the default run has
 def test_shard_map_equals_the_one_device_run(name, m):
   """M workers in blocks of M / 8 on 8 devices: the same params and bytes as the vmap
   run on one device (every algorithm at M = 8, 16, 32; a few in the default run)."""
-  from loco.placement import make_mesh
+  from loco.run.placement import make_mesh
   want, want_sent = _run_steps(name, m, None)
   got, got_sent = _run_steps(name, m, make_mesh(8, m))
   np.testing.assert_array_equal(np.stack(got_sent), np.stack(want_sent))
@@ -383,7 +386,7 @@ def test_shard_map_equals_the_one_device_run(name, m):
 def _slice_crossings(compiled_text: str, mesh, slices: int) -> dict[tuple[str, str], int]:
   """{(kind, 'inside' | 'across'): bytes} of a program's collectives over 64 bytes:
   whether each one's groups stay inside a slice or join devices of several."""
-  from loco import placement
+  from loco.run import placement
   where_is = {i: s for s, group in enumerate(placement.slice_groups(mesh, slices))
               for i in group}
   out: dict[tuple[str, str], int] = {}
@@ -398,7 +401,7 @@ def _slice_crossings(compiled_text: str, mesh, slices: int) -> dict[tuple[str, s
 
 @pytest.mark.parametrize('slices', [1, 2])
 def test_the_mesh_of_eight_devices_as_one_and_as_two_slices(slices):
-  from loco import placement
+  from loco.run import placement
   mesh = placement.make_mesh(4, 4, 2, slices)
   assert dict(mesh.shape) == {'workers': 4, 'fsdp': 2}
   how = placement.arrange(4, 2, slices)[1]
@@ -417,7 +420,7 @@ def test_the_mesh_of_eight_devices_as_one_and_as_two_slices(slices):
 
 
 def test_mesh_slices_must_divide_the_worker_axis():
-  from loco import placement
+  from loco.run import placement
   from loco.errors import ConfigError
   with pytest.raises(ConfigError, match='mesh.workers=4 must be divisible by mesh.slices=3'):
     placement.make_mesh(4, 4, 2, 3)
@@ -427,7 +430,7 @@ def test_on_two_slices_only_worker_collectives_cross_them():
   """A psum over "workers" and one over "fsdp" on 2 slices of 2 x 2 devices: the
   compiled program's worker-axis all-reduce joins devices of both slices, the fsdp one
   stays inside each."""
-  from loco import placement
+  from loco.run import placement
   mesh = placement.make_mesh(4, 4, 2, 2)
   x = jax.device_put(jnp.ones((4, 2, 256)), NamedSharding(mesh, P('workers', 'fsdp')))
 

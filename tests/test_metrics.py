@@ -18,10 +18,10 @@ import pytest
 
 from loco.configs import default
 from loco import configs
-from loco import metrics
-from loco import workdir as workdir_lib
+from loco.files import metrics
+from loco.files import workdir as workdir_lib
 from loco.errors import ConfigError, WorkdirError
-from loco.metrics import MetricsWriter, SinkConfig, read_metrics
+from loco.files.metrics import MetricsWriter, SinkConfig, read_metrics
 
 ROWS = [
     dict(step=5, tokens=320, train_loss=4.5, bytes_sent=0, syncs=0, sim_seconds=0.0,

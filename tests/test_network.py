@@ -10,12 +10,12 @@ import pytest
 
 from loco import algorithms
 from loco import comm
-from loco import network as net_lib
-from loco import schedule as schedule_lib
-from loco import train
-from loco.engine import StepContext
+from loco.sim import network as net_lib
+from loco.sim import schedule as schedule_lib
+from loco.run import train
+from loco.core.engine import StepContext
 from loco.errors import ConfigError
-from loco.metrics import TIMING_KEYS, read_metrics
+from loco.files.metrics import TIMING_KEYS, read_metrics
 from loco.wire import Wire
 
 
@@ -133,7 +133,7 @@ def test_clock_waits_for_the_slowest_worker_and_overlap_stalls_only_when_late():
 def test_the_clock_times_the_matchings_the_engine_used(nano_config, tmp_path, name):
   """Random matchings on unequal links: the clock times exactly the edges each step
   used, read from the steps' StepInfo (it used to draw its own matchings)."""
-  from loco import commlog
+  from loco.sim import commlog
   m = 4
   nano_config.num_workers = m
   nano_config.steps = 12

@@ -1,4 +1,4 @@
-"""Workdirs on object storage (`loco.storage`): the lease that replaces the lock, the
+"""Workdirs on object storage (`loco.files.storage`): the lease that replaces the lock, the
 mirror of run files, and a run killed and resumed exactly through a URL workdir.
 
 Two stand-ins, no network: `file://` URLs run the whole URL-workdir code (lease, mirror,
@@ -20,13 +20,13 @@ import jax
 import numpy as np
 import pytest
 
-from loco import checkpoint as checkpoint_lib
-from loco import runs
-from loco import storage
-from loco import train
-from loco import workdir as workdir_lib
+from loco.run import checkpoint as checkpoint_lib
+from loco.files import runs
+from loco.files import storage
+from loco.run import train
+from loco.files import workdir as workdir_lib
 from loco.errors import WorkdirError
-from loco.metrics import TIMING_KEYS, read_metrics
+from loco.files.metrics import TIMING_KEYS, read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -8,8 +8,8 @@ import optax
 import pytest
 
 from loco import algorithms
-from loco import experiment
-from loco import optim
+from loco.run import experiment
+from loco.algorithms import optim
 
 from loco.errors import ConfigError
 

@@ -14,13 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from loco import axis
+from loco.comm import axis
 from loco import comm
-from loco import participation as participation_lib
-from loco import sync_plan
+from loco.core import participation as participation_lib
+from loco.core import sync_plan
 from loco import wire as wire_lib
 from loco.errors import ConfigError
-from loco.participation import Participation
+from loco.core.participation import Participation
 
 M, N = 4, 3
 BYTES = 4.0      # what the toy sync says each alive worker sent (and received)

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from loco import progress
-from loco.workdir import write_json
+from loco.run import progress
+from loco.files.workdir import write_json
 
 
 def _row(step, loss, tokens_per_second=100.0, **more):

@@ -16,7 +16,7 @@ def test_every_exported_name_resolves_and_is_listed():
     assert getattr(loco, name) is not None, name
   assert set(loco.__all__) <= set(dir(loco))
   assert callable(loco.make_algorithm) and 'diloco' in loco.REGISTRY
-  assert loco.train.run and loco.stats.paired_t and loco.study.compare
+  assert loco.run.train.run and loco.stats.paired_t and loco.lab.study.compare
 
 
 def test_a_former_name_resolves_to_its_export_and_is_not_listed():

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from loco import report
+from loco.lab import report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -71,7 +71,7 @@ def sweep_dir(tmp_path):
            status=dict(finished, seconds=20.0))
   _workdir(root, 'bad', status=dict(state='failed', returncode=1, seconds=1.0,
                                     error='loco: error: optimizer.lr must be positive, got -1.0.'))
-  # Run by hand (no status.json): diverged, per the diverged.json loco.train writes (the
+  # Run by hand (no status.json): diverged, per the diverged.json loco.run.train writes (the
   # status never comes from an error's wording); and one cut short, nested.
   message = ('the training loss became nan at step 14; the last good checkpoint (step 10) '
              'is kept in x.')

@@ -22,9 +22,9 @@ import orbax.checkpoint as ocp
 import pytest
 
 import loco.data as ld
-from loco import train
+from loco.run import train
 from loco.data import sources
-from loco.metrics import TIMING_KEYS, read_metrics
+from loco.files.metrics import TIMING_KEYS, read_metrics
 
 # Package -> (documents, bytes per document); b02 and c02 go to validation (the
 # family split's hash order), leaving 16 training documents in each package, so the

@@ -1,4 +1,4 @@
-"""What may change when a run resumes (loco/workdir.py `check_resume`, WORKSPACE.md):
+"""What may change when a run resumes (loco/files/workdir.py `check_resume`, WORKSPACE.md):
 only `steps` may grow (fewer are refused), a key that changes the run's meaning is
 refused by name, keys that only change how it runs or logs may change, and an unset
 `optimizer.decay_steps` makes the schedule span the new length (checked on the learning
@@ -15,9 +15,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from loco import train
+from loco.run import train
 from loco.errors import WorkdirError
-from loco.metrics import read_metrics
+from loco.files.metrics import read_metrics
 from tests.nano import make_nano_config
 
 BASE_STEPS = 10
@@ -278,7 +278,7 @@ def test_a_key_added_to_loco_after_the_run_began_resumes_at_its_default(tmp_path
   """A stored config without a key that loco added later (here the Hugging Face source's
   data.hf_eval_fraction, default 0.05, and data.hf_streaming, default False): at its
   default the resume is the same run; at another value it is refused, naming the key."""
-  from loco import workdir as workdir_lib
+  from loco.files import workdir as workdir_lib
   from loco.configs import default
   base = default.get_config().to_dict()
   stored = json.loads(json.dumps(base))

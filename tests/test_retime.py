@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from loco import network
-from loco import report
-from loco import retime
-from loco import train
+from loco.sim import network
+from loco.lab import report
+from loco.lab import retime
+from loco.run import train
 from loco.errors import LocoError
-from loco.metrics import read_metrics
+from loco.files.metrics import read_metrics
 from tests.nano import make_nano_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

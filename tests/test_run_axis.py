@@ -5,10 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from loco import run_axis
-from loco import step as step_lib
+from loco.run import run_axis
+from loco.run import step as step_lib
 from loco.errors import ConfigError
-from loco.experiment import build_algorithm, parse_config
+from loco.run.experiment import build_algorithm, parse_config
 from tests.nano import make_nano_config
 
 R, K = 3, 4

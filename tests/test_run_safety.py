@@ -21,17 +21,17 @@ import orbax.checkpoint as ocp
 import pytest
 
 from loco import algorithms
-from loco import checkpoint as checkpoint_lib
-from loco import ledger
-from loco import metrics
-from loco import report
-from loco import train
-from loco import workdir as workdir_lib
-from loco.checkpoint import Checkpointer
-from loco.engine import Algorithm
+from loco.run import checkpoint as checkpoint_lib
+from loco.run import ledger
+from loco.files import metrics
+from loco.lab import report
+from loco.run import train
+from loco.files import workdir as workdir_lib
+from loco.run.checkpoint import Checkpointer
+from loco.core.engine import Algorithm
 from loco.errors import (CheckpointError, ConfigError, DivergenceError, Interrupted, LocoError,
                          WorkdirError)
-from loco.metrics import TIMING_KEYS, read_metrics
+from loco.files.metrics import TIMING_KEYS, read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -450,7 +450,7 @@ _SLOW_SAVE_FILE = '''
 import os, signal, sys, time
 sys.path.insert(0, {repo!r})
 from tests.nano import make_nano_config
-from loco import metrics
+from loco.files import metrics
 from orbax.checkpoint._src.checkpointers import async_checkpointer
 
 # The test's first signal and its slow save: SIGTERM to this process once row 25 is
@@ -658,7 +658,7 @@ def test_a_checkpoint_with_a_non_finite_model_is_never_written_nor_resumed(
     train.run(nano_config, workdir)
   assert sorted(d for d in os.listdir(os.path.join(workdir, 'checkpoints'))
                 if d.isdigit()) == ['5']
-  from loco import step as step_lib
+  from loco.run import step as step_lib
   monkeypatch.setattr(step_lib, 'all_finite', lambda tree: jnp.bool_(True))
   poisoned = str(tmp_path / 'poisoned')
   with pytest.raises(DivergenceError):

@@ -1,4 +1,4 @@
-"""The run directory's reader (loco.runs) and every command that reads runs, on damaged
+"""The run directory's reader (loco.files.runs) and every command that reads runs, on damaged
 hand-written run directories: one line, a non-zero exit, nothing misleading written.
 
 Each class of bad input found by the hostile-input pass has a test here; the runs are
@@ -17,10 +17,10 @@ import time
 import pytest
 
 from loco import cli
-from loco import report
-from loco import retime
-from loco import runs
-from loco import sweep
+from loco.lab import report
+from loco.lab import retime
+from loco.files import runs
+from loco.lab import sweep
 from loco.errors import RunFileError
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -93,7 +93,7 @@ def _tree(path):
                 for root, _, files in os.walk(path) for f in files)
 
 
-# ---- loco.runs: the readers on hand-written files ----------------------------------------
+# ---- loco.files.runs: the readers on hand-written files ----------------------------------------
 
 def test_read_run_of_a_good_run(tmp_path):
   path = _make_run(tmp_path / 'r', status=dict(state='finished', seconds=3.5))
@@ -188,7 +188,7 @@ def test_committed_steps_are_the_folders_orbax_committed(tmp_path):
 
 
 @pytest.mark.parametrize('files,metrics,status', [
-    # diverged.json (loco.train) wins over everything.
+    # diverged.json (loco.run.train) wins over everything.
     ({'diverged.json': {'step': 14, 'message': 'the loss became nan'},
       'status.json': {'state': 'failed'}}, None, 'diverged'),
     # A non-finite loss in metrics.jsonl is divergence too.
@@ -485,9 +485,9 @@ def _spec_file(tmp_path, body):
 
 @pytest.mark.parametrize('body,message', [
     ('None', 'returned None; it must return a list (or another iterable) of '
-             'loco.sweep.Run.'),
+             'loco.lab.sweep.Run.'),
     ("Run('a', 'x.py')", "returned Run(name='a', config='x.py', overrides={}); it must "
-                          'return a list (or another iterable) of loco.sweep.Run.'),
+                          'return a list (or another iterable) of loco.lab.sweep.Run.'),
     ("[Run(3, 'x.py')]", 'run name 3 must be a string (its workdir under --out), not int.'),
     ("[Run('/abs', 'x.py')]", "run name '/abs' must be letters, digits and _.,=+-"),
     ("[Run('a/./b', 'x.py')]", "run name 'a/./b' must be letters, digits and _.,=+-"),
@@ -551,7 +551,7 @@ def test_ctrl_c_in_any_command_is_exit_130_and_one_stopped_line(monkeypatch, cap
   assert module.main(argv) == 130
   err = capsys.readouterr().err
   assert len(err.splitlines()) == 1 and 'Traceback' not in err
-  assert err.startswith(f'{module.__name__}: stopped: interrupted; ')
+  assert err.startswith(f'loco.{module.__name__.rsplit(".", 1)[1]}: stopped: interrupted; ')   # the command's name
 
 
 def test_sigint_to_a_report_blocked_on_its_input(tmp_path):
@@ -620,17 +620,17 @@ def test_every_command_ends_through_the_one_exit_path():
         found.append(os.path.relpath(path, REPO))
         assert ('cli.exit(' in block or 'os._exit(' in block or 'app.run(' in block
                 or path in standalone and 'sys.exit(main())' in block), f'{path}: {block}'
-  assert {'loco/evaluate.py', 'loco/report.py', 'loco/sweep.py', 'loco/retime.py',
+  assert {'loco/run/evaluate.py', 'loco/lab/report.py', 'loco/lab/sweep.py', 'loco/lab/retime.py',
           'launch/claims.py', 'launch/scaling.py', 'loco/data/prepare.py',
-          'loco/calibrate.py', 'loco/batched.py'} <= set(found)
+          'loco/lab/calibrate.py', 'loco/batched.py'} <= set(found)
 
 
 def test_atomic_writes_never_follow_a_planted_link(tmp_path):
   """Every JSON and page loco writes goes through `runs.write_atomic`: a link planted at
   the old fixed temporary name (PATH.tmp) or at any other name is never written through;
   the file gets the usual permissions; a failed write leaves the old file and no part."""
-  from loco import metrics
-  from loco import workdir as workdir_lib
+  from loco.files import metrics
+  from loco.files import workdir as workdir_lib
   outside = tmp_path / 'outside.txt'
   outside.write_text('keep me')
   run = tmp_path / 'run'

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from launch import scaling
-from loco import study
+from loco.lab import study
 
 
 def test_the_published_fits_give_the_gaps_quoted_in_references():
@@ -32,9 +32,9 @@ def test_steps_are_multiples_of_four_rounds():
 def test_every_run_of_the_probe_and_the_study_loads(preset):
   # The probe and every run of a sized plan are loco.main configs that load (the probe of
   # 200 steps once clashed with log_every = H = 30 and failed before training).
-  from loco import experiment
-  from loco import study
-  from loco import sweep
+  from loco.run import experiment
+  from loco.lab import study
+  from loco.lab import sweep
   batch, seq_len = scaling.SHAPES[preset]
   plan = dict(preset=preset, params=426_752, batch=batch, seq_len=seq_len, h=scaling.H,
               inner_lrs=[1.5e-3, 3e-3, 6e-3], seeds=[1, 2, 3], eval_batches=32,
@@ -156,7 +156,7 @@ def test_overlay_and_plan_files_missing_damaged_or_foreign_are_one_line(tmp_path
 def test_an_interrupted_probe_is_an_interrupt_not_a_failure(tmp_path, capsys, monkeypatch):
   """SIGTERM or Ctrl-C during the sizing probe (its sweep returns 130) stops the study
   with the stopped line and exit 130; a probe that fails is still an error."""
-  from loco import sweep
+  from loco.lab import sweep
   monkeypatch.setattr(scaling, '_params', lambda preset: 426_752)
   for code, exit_code, says in ((130, 130, 'launch.scaling: stopped: interrupted'),
                                 (1, 1, 'launch.scaling: error: the sizing probe failed')):

@@ -4,8 +4,8 @@
 import numpy as np
 import pytest
 
-from loco import network as net_lib
-from loco import schedule as schedule_lib
+from loco.sim import network as net_lib
+from loco.sim import schedule as schedule_lib
 
 
 def _net(step_seconds, bytes_per_second: float = 50.0):

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from loco import slurm
-from loco import sweep
+from loco.lab import slurm
+from loco.lab import sweep
 from loco.errors import UsageError
 
 pytest.importorskip('submitit')
@@ -74,6 +74,6 @@ def test_a_sweep_of_two_runs_as_jobs_finishes_and_resumes(tmp_path, small_corpus
   assert status['state'] == 'finished' and status['attempts'] == 2
   log = open(os.path.join(b, 'log.txt')).read()
   assert '==> loco.sweep attempt 2' in log and 'resuming from step 10' in log
-  from loco.metrics import TIMING_KEYS
+  from loco.files.metrics import TIMING_KEYS
   strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in rows]  # noqa: E731
   assert strip(_lines(os.path.join(b, 'metrics.jsonl'))) == strip(full)

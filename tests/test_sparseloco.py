@@ -11,10 +11,10 @@ import pytest
 from loco.configs import default
 from loco import algorithms
 from loco import comm
-from loco import compress
+from loco.comm import compress
 from loco.algorithms.sparseloco import sparseloco_outer
 from loco.comm import WorkerContext
-from loco.engine import local_updates
+from loco.core.engine import local_updates
 from loco.errors import ConfigError
 
 

@@ -8,9 +8,9 @@ import pytest
 
 from loco import algorithms
 from loco import model as model_lib
-from loco import optim
-from loco import step as step_lib
-from loco.engine import StepContext
+from loco.algorithms import optim
+from loco.run import step as step_lib
+from loco.core.engine import StepContext
 from loco.errors import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""loco.study: equal budgets by construction, picks on fake results whose best setting is
+"""loco.lab.study: equal budgets by construction, picks on fake results whose best setting is
 known, and the paired comparison of finals."""
 
 import dataclasses
@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from loco import evaluate
+from loco.run import evaluate
 from loco import stats as stats_lib
-from loco import study
+from loco.lab import study
 from loco.errors import LocoError
 
 BUDGET = study.Budget(base='experiments/micro.py:ddp', steps=60, steps_h1=30,

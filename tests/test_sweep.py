@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from loco import sweep
-from loco.sweep import Run, SweepError, grid
+from loco.lab import sweep
+from loco.lab.sweep import Run, SweepError, grid
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Runs started here see one CPU device unless a test asks for more (conftest gives this
@@ -288,7 +288,8 @@ def test_the_sweep_specs_load_and_every_config_parses():
 
 
 def test_the_retime_spec_has_eight_networks_that_build_for_its_runs():
-  from loco import network, retime
+  from loco.sim import network
+  from loco.lab import retime
   retimes = sweep.load_retimes(os.path.join(REPO, 'launch/sweeps/retime.py'))
   assert len(retimes) >= 8
   profiles = set()

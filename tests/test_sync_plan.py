@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from loco import model as model_lib
-from loco import sync_plan
+from loco.core import sync_plan
 from loco.errors import ConfigError
 from tests.test_streaming import _blocks_tree
 

@@ -1,4 +1,4 @@
-"""Tests for loco.topology: mixing matrices, gossip plans, spectral values."""
+"""Tests for loco.comm.topology: mixing matrices, gossip plans, spectral values."""
 
 import functools
 import math
@@ -14,7 +14,7 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from loco import topology
+from loco.comm import topology
 from loco.errors import ConfigError
 from tests import hlo as hlo_lib
 

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from loco import algorithms
-from loco import checkpoint as checkpoint_lib
-from loco import experiment
-from loco import step as step_lib
-from loco import train
+from loco.run import checkpoint as checkpoint_lib
+from loco.run import experiment
+from loco.run import step as step_lib
+from loco.run import train
 from loco.errors import CheckpointError, ConfigError, DataError
 from loco.comm.drift import KEYS as DRIFT_KEYS
-from loco.metrics import TIMING_KEYS, read_metrics
+from loco.files.metrics import TIMING_KEYS, read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -239,7 +239,7 @@ def _source_run(nano_config, path):
   nano_config.algorithm.name, nano_config.algorithm.sync_every = 'diloco', 2
   nano_config.steps, nano_config.checkpoint.every, nano_config.eval.every = 5, 5, 5
   train.run(nano_config, path)
-  from loco import checkpoint
+  from loco.run import checkpoint
   return checkpoint.read_named_state(path)[1]
 
 

@@ -7,7 +7,7 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 
-from loco import commlog
+from loco.sim import commlog
 from loco import wire as wire_lib
 from loco.wire import ALL_GATHER, ALL_REDUCE, GOSSIP, KINDS, NO_COMM, Wire
 

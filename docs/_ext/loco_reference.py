@@ -18,8 +18,8 @@ import sys
 # (title, console script or None, argv after `python`); a command with sub-commands lists
 # each. The commands of `launch/` run from a checkout.
 COMMANDS = [
-    ('loco.main', 'loco-train', ['-c', 'import absl.flags, loco.flags; '
-                                 'print(absl.flags.FLAGS.module_help("loco.flags"))']),
+    ('loco.main', 'loco-train', ['-c', 'import absl.flags, loco.run.flags; '
+                                 'print(absl.flags.FLAGS.module_help("loco.run.flags"))']),
     ('loco.sweep', 'loco-sweep', ['-m', 'loco.sweep', '--help']),
     ('loco.report', 'loco-report', ['-m', 'loco.report', '--help']),
     ('loco.compare', 'loco-compare', ['-m', 'loco.compare', '--help']),
@@ -55,12 +55,12 @@ API_GROUPS = [
 REFERRED = [
     'loco.wire.Wire',
     'loco.comm.drift.Drift',
-    'loco.engine.AsyncReplay',
+    'loco.core.engine.AsyncReplay',
     'loco.algorithms.spec.Key',
     'loco.data.pipeline.TrainIterator',
     'loco.data.pipeline.EvalWindows',
-    'loco.runs.Run',
-    'loco.sweep.Run',
+    'loco.files.runs.Run',
+    'loco.lab.sweep.Run',
     'loco.errors',
 ]
 

@@ -5,7 +5,7 @@ checkpoint every 150 steps, a metrics line every 10. Imported by the specs in th
 directory as `launch.sweeps.common` (run loco.sweep from the repository root).
 """
 
-from loco.sweep import Run
+from loco.lab.sweep import Run
 
 STEPS = 300
 COMMON = {'num_workers': 8, 'batch_per_worker': 4, 'seq_len': 128, 'eval.every': 150,

@@ -8,7 +8,7 @@ Expected: about 30 minutes on 2 CPU cores (6 runs). Table: WORKSPACE.md, "A scal
 rounds are cheap". Not a tuned comparison: DiLoCo's outer settings are the paper's.
 """
 
-from loco.sweep import Run
+from loco.lab.sweep import Run
 
 SEEDS = (0, 1, 2)
 

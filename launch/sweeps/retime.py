@@ -16,7 +16,7 @@ seconds to the target per run x network and its plot, one panel per network.
 
 from launch.sweeps.common import COMMON
 from launch.sweeps.main import CURVES_AND_CLOCK
-from loco.sweep import Run
+from loco.lab.sweep import Run
 
 STEPS = 150
 GBIT = 1e9 / 8

@@ -23,8 +23,8 @@ from loco.algorithms import spec as spec_lib
 from loco.algorithms.spec import AlgorithmSpec, Key
 from loco.algorithms.sparta import SPARTA, SPARTA_DILOCO
 from loco.algorithms.streaming import STREAMING_DILOCO
-from loco import engine
-from loco.engine import Algorithm
+from loco.core import engine
+from loco.core.engine import Algorithm
 from loco.errors import ConfigError
 
 REGISTRY: dict[str, AlgorithmSpec] = {
@@ -111,7 +111,7 @@ def make(name: str, inner: optax.GradientTransformation, *, mesh=None,
 def build(name: str, inner: optax.GradientTransformation, *, mesh=None,
           diagnostics: bool = True, **kwargs: Any) -> Algorithm:
   """`make` without the range checks: for keys already checked on their concrete
-  values whose values are now traced (`loco.run_axis` maps runs' knobs)."""
+  values whose values are now traced (`loco.run.run_axis` maps runs' knobs)."""
   spec = spec_of(name)
   engine_keys = {k: kwargs.pop(k) for k in list(kwargs)
                  if k in spec_lib.ENGINE_KEYS and k not in spec.factory_keys()}

@@ -4,7 +4,7 @@ import optax
 
 from loco import comm
 from loco.algorithms.spec import AlgorithmSpec
-from loco.engine import Algorithm, local_updates
+from loco.core.engine import Algorithm, local_updates
 
 
 def ddp(inner: optax.GradientTransformation, *, transport_dtype: str = 'float32',

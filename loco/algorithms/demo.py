@@ -3,10 +3,10 @@
 import optax
 
 from loco import comm
-from loco import compress
+from loco.comm import compress
 from loco.algorithms.spec import AlgorithmSpec, Key
-from loco.compress.dct import dct_topk
-from loco.engine import Algorithm, local_updates
+from loco.comm.compress.dct import dct_topk
+from loco.core.engine import Algorithm, local_updates
 
 
 def demo(inner: optax.GradientTransformation, *, compression_decay: float = 0.999,

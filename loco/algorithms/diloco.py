@@ -3,10 +3,10 @@
 import optax
 
 from loco import comm
-from loco import compress
-from loco import optim
+from loco.comm import compress
+from loco.algorithms import optim
 from loco.algorithms.spec import AlgorithmSpec, Key
-from loco.engine import Algorithm, local_updates
+from loco.core.engine import Algorithm, local_updates
 from loco.errors import ConfigError
 
 
@@ -28,7 +28,7 @@ def diloco(inner: optax.GradientTransformation, *, sync_every: int = 500,
     outer_lr: outer learning rate eta (0.7).
     outer_momentum: outer momentum mu (0.9).
     transport_dtype: dtype of pseudo-gradients on the wire.
-    compression: 'none', or a codec of `loco.compress.CODECS` ('e3m0', 'e4m3',
+    compression: 'none', or a codec of `loco.comm.compress.CODECS` ('e3m0', 'e4m3',
       'int8', ...) for a compressed all-reduce (FP32 reduction; overrides
       transport_dtype).
     prune: the fraction of each pseudo-gradient tensor pruned by magnitude before the

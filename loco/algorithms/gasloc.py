@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import optax
 
 from loco import comm
-from loco import optim
-from loco import topology as topology_lib
+from loco.algorithms import optim
+from loco.comm import topology as topology_lib
 from loco.algorithms.spec import AlgorithmSpec, Key
-from loco.engine import Algorithm, pairwise_gossip
+from loco.core.engine import Algorithm, pairwise_gossip
 from loco.errors import ConfigError
 
 
@@ -89,7 +89,7 @@ def gasloc(inner: optax.GradientTransformation, *, sync_every: int = 500,
     sync_every: H, inner steps per round.
     topology: graph name ('ring', 'torus', 'exponential', 'hypercube', 'complete',
       'erdos_renyi', or 'matching' for one random perfect matching per round) or a
-      `loco.topology.Topology`; it must fit num_workers.
+      `loco.comm.topology.Topology`; it must fit num_workers.
     weights: 'metropolis' or 'uniform' mixing weights.
     mix: 'models' (the paper's reconstruction) or 'deltas'.
     form: 'diloco_outer' (gossip the local models, then a DiLoCo outer optimizer) or

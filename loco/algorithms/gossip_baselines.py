@@ -19,11 +19,11 @@ import jax.numpy as jnp
 import optax
 
 from loco import comm
-from loco import optim
-from loco import topology as topology_lib
+from loco.algorithms import optim
+from loco.comm import topology as topology_lib
 from loco.algorithms.spec import AlgorithmSpec
-from loco.engine import Algorithm, local_updates, pairwise_gossip
-from loco import axis as comm_axis
+from loco.core.engine import Algorithm, local_updates, pairwise_gossip
+from loco.comm import axis as comm_axis
 
 PyTree = Any
 
@@ -38,7 +38,7 @@ def dsgd(inner: optax.GradientTransformation, *, topology: str = 'ring',
 
   Args:
     inner: the per-worker inner optimizer.
-    topology: graph name or `loco.topology.Topology` (see `gasloc`).
+    topology: graph name or `loco.comm.topology.Topology` (see `gasloc`).
     weights: 'metropolis' or 'uniform'.
     gossip_step: gossip step size in (0, 1].
     transport_dtype: dtype of the models on the wire.

@@ -4,7 +4,7 @@ import optax
 
 from loco.algorithms.diloco import diloco
 from loco.algorithms.spec import AlgorithmSpec
-from loco.engine import Algorithm
+from loco.core.engine import Algorithm
 
 
 def muloco(inner: optax.GradientTransformation, *, sync_every: int = 30,

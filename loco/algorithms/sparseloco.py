@@ -3,9 +3,9 @@
 import optax
 
 from loco import comm
-from loco import compress
+from loco.comm import compress
 from loco.algorithms.spec import AlgorithmSpec, Key
-from loco.engine import Algorithm, local_updates
+from loco.core.engine import Algorithm, local_updates
 
 
 def sparseloco_outer(*, outer_lr: float = 1.0, error_decay: float = 0.95,
@@ -55,7 +55,7 @@ def sparseloco(inner: optax.GradientTransformation, *, sync_every: int = 15,
     dense_below: tensors with fewer values are sent whole (4096 = one chunk; 0: the
       reference code, every tensor sparsified).
     compression: codec of the kept values: '2bit' (the paper's binned quantizer),
-      'none' (float32) or any other of `loco.compress.CODECS`.
+      'none' (float32) or any other of `loco.comm.compress.CODECS`.
     aggregation: 'contributors' (divide each coordinate by the workers that sent it,
       the reference code) or 'workers' (divide by all workers).
     mesh: optional device mesh with a "workers" axis.

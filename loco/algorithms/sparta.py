@@ -2,11 +2,11 @@
 
 import optax
 
-from loco import optim
+from loco.algorithms import optim
 from loco.algorithms.diloco import diloco
 from loco.algorithms.spec import AlgorithmSpec, Key
 from loco.comm.sparta import random_parameter_average
-from loco.engine import Algorithm, local_updates
+from loco.core.engine import Algorithm, local_updates
 
 
 def sparta(inner: optax.GradientTransformation, *, fraction: float = 0.005,

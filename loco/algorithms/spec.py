@@ -19,7 +19,7 @@ import inspect
 from typing import Any, Callable, Mapping
 
 from loco import ranges
-from loco.engine import Algorithm
+from loco.core.engine import Algorithm
 from loco.errors import ConfigError
 
 # Collective kinds as the compiled program names them (what carries a sync on a mesh).
@@ -76,7 +76,7 @@ class AlgorithmSpec:
       the golden and mesh tests run each as `<name>_<variant>`.
     carrier: the collective kind (of `CARRIERS`) that moves the model or its
       pseudo-gradient in the compiled program on a mesh.
-    inner: its default inner optimizer (a name of `loco.optim.INNER_OPTIMIZERS`), used
+    inner: its default inner optimizer (a name of `loco.algorithms.optim.INNER_OPTIMIZERS`), used
       when the config leaves `optimizer.name` None.
     simulated_as: {example name (`examples`): how its compiled program moves the
       message otherwise than a deployment would}, for the examples whose program moves

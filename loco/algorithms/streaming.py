@@ -1,6 +1,6 @@
 """Streaming DiLoCo: fragments synced in turn, overlapped and 4-bit quantized.
 
-A composition of the engine's policies (`loco.sync_plan`, `loco.merge`):
+A composition of the engine's policies (`loco.core.sync_plan`, `loco.core.merge`):
 
   fragments  transformer blocks cut into P fragments, strided (the paper's default) or
   schedule   sequential, one fragment syncing every H/F steps: `sync_plan.streaming`
@@ -20,12 +20,12 @@ end of step s + tau.
 import optax
 
 from loco import comm
-from loco import compress
-from loco import merge
-from loco import optim
-from loco import sync_plan
+from loco.comm import compress
+from loco.core import merge
+from loco.algorithms import optim
+from loco.core import sync_plan
 from loco.algorithms.spec import AlgorithmSpec, Key
-from loco.engine import Algorithm, local_updates
+from loco.core.engine import Algorithm, local_updates
 from loco.errors import ConfigError
 
 
@@ -60,7 +60,7 @@ def streaming_diloco(inner: optax.GradientTransformation, *, sync_every: int = 1
       0 <= tau < H // fragments.
     merge_alpha: alpha, weight of the local params in the merge (0.5).
     compression: codec of the pseudo-gradients on the wire: 'e3m0' (the paper's
-      4-bit float), 'none' (transport_dtype) or any of `loco.compress.CODECS`.
+      4-bit float), 'none' (transport_dtype) or any of `loco.comm.compress.CODECS`.
     transport_dtype: dtype on the wire when compression is 'none'.
     eager: eager updates (arXiv 2502.12996): merge at once with a local estimate of
       the average, corrected when the average arrives (`merge.eager`).

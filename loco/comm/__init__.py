@@ -13,7 +13,7 @@ The modules::
            dropout), LINK_STATES: the link states it never copies
 
 The graphs themselves (topologies, random families, `resolve_topology`) are host-side
-numpy in `loco.topology`; the names below re-export the ones algorithms use.
+numpy in `loco.comm.topology`; the names below re-export the ones algorithms use.
 """
 
 from loco.comm.core import (TRANSPORT_DTYPES, WORKERS, WorkerContext, alive_of, alive_peers,
@@ -27,5 +27,5 @@ from loco.comm.sparse import (CompressedState, compressed_all_reduce_mean,
                               sparse_all_gather_mean)
 from loco.comm.sparta import SpartaState
 from loco.comm.ties import ties_mean
-from loco.topology import is_all_reduce, pairwise_family, resolve_topology
+from loco.comm.topology import is_all_reduce, pairwise_family, resolve_topology
 from loco.wire import ALL_GATHER, ALL_REDUCE, GOSSIP, KINDS, NO_COMM, Wire

@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from loco import axis as comm_axis
+from loco.comm import axis as comm_axis
 from loco import wire as wire_lib
-from loco.axis import WORKERS
+from loco.comm.axis import WORKERS
 from loco.errors import ConfigError
 from loco.wire import ALL_GATHER, ALL_REDUCE, GOSSIP, KINDS, NO_COMM, Wire
 

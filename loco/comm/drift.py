@@ -24,7 +24,7 @@ own [M] mask where the schedule has one) and the params of the fragment that syn
 On one device they come from two [M, M] Gram matrices of the stacked leaves
 (`measure_stacked`); on a mesh, inside the worker map (`measure`), they are all-reduces
 over the worker axis of three fragment-sized trees (and a few scalars), which a real
-deployment would not run: `loco.engine.diagnostics(False)` builds algorithms without
+deployment would not run: `loco.core.engine.diagnostics(False)` builds algorithms without
 them (the tests that count a program's collectives do).
 """
 
@@ -34,8 +34,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from loco import axis as comm_axis
-from loco.axis import WORKERS
+from loco.comm import axis as comm_axis
+from loco.comm.axis import WORKERS
 
 PyTree = Any
 

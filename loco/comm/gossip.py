@@ -3,7 +3,7 @@
 Everything here runs per worker inside the engine's map over the "workers" axis
 (`jax.vmap(..., axis_name="workers")`, a vmap with `spmd_axis_name` over a mesh, or
 `jax.shard_map`); workers meet only through named-axis collectives, so one function
-serves all placements. The graphs, plans and random families are `loco.topology`'s.
+serves all placements. The graphs, plans and random families are `loco.comm.topology`'s.
 
 One pure mixing step, `mixing_step`: `x_i <- x_i - step (x_i - sum_j W_ij x_j)`, in
 three implementations, equal to float tolerance:
@@ -46,12 +46,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from loco import topology as topology_lib
+from loco.comm import topology as topology_lib
 from loco.comm.core import (GOSSIP, NO_COMM, WORKERS, Wire, WorkerContext, alive_of,
                             empty_wire, ring_all_reduce_state, static_num_workers,
                             transport_dtype, tree_bytes, worker_mean)
 from loco.errors import ConfigError
-from loco import axis as comm_axis
+from loco.comm import axis as comm_axis
 
 PyTree = Any
 
@@ -287,7 +287,7 @@ def gossip(topology: str | topology_lib.Topology, mix: str = 'models', *,
   time, inside the per-worker map), so one factory serves any M that fits the graph.
 
   Args:
-    topology: a name from `loco.topology.TOPOLOGIES` ('complete', 'ring', 'torus',
+    topology: a name from `loco.comm.topology.TOPOLOGIES` ('complete', 'ring', 'torus',
       'exponential', 'hypercube', 'erdos_renyi', 'matching') or a `Topology`.
     mix: 'models', 'deltas' or 'params'.
     step_size: gossip step gamma (1: plain gossip; < 1 damps it).
@@ -315,7 +315,7 @@ def gossip(topology: str | topology_lib.Topology, mix: str = 'models', *,
   """
   if mix not in MIXES:
     raise ConfigError(f'algorithm.mix must be one of {", ".join(MIXES)}, got {mix!r}.')
-  traced = isinstance(step_size, jax.core.Tracer)    # a run knob (loco.run_axis)
+  traced = isinstance(step_size, jax.core.Tracer)    # a run knob (loco.run.run_axis)
   if not traced and not 0.0 < step_size <= 1.0:
     raise ConfigError(f'algorithm.gossip_step must be in (0, 1], got {step_size}.')
   wire = _check(impl, dtype)

@@ -1,5 +1,5 @@
 """A rejoining worker's catch-up: the copy of an up-to-date worker's state (offline
-dropout, `loco.participation`).
+dropout, `loco.core.participation`).
 
 A worker cut off at earlier syncs holds a stale anchor and outer state. At its next
 sync it copies them from one up-to-date worker: a broadcast from that donor, which
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from loco import axis as comm_axis
+from loco.comm import axis as comm_axis
 from loco.comm.core import ALL_REDUCE, NO_COMM, WORKERS, Wire, tree_bytes
 from loco.comm.gossip import GossipState
 from loco.comm.sparse import CompressedState

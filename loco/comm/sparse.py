@@ -1,6 +1,6 @@
 """Compressed collectives: the sparse all-gather mean and the compressed all-reduce mean.
 
-Each transform takes a `loco.compress.Compressor` (error feedback, top-k, quantizers,
+Each transform takes a `loco.comm.compress.Compressor` (error feedback, top-k, quantizers,
 compositions) and runs it itself, because the collective needs what only the
 compressor knows: the exact payload of this worker's message (for the bytes) and
 which coordinates it sent (for the per-coordinate average). So a compressor goes
@@ -25,12 +25,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from loco import compress
+from loco.comm import compress
 from loco.comm.core import (ALL_GATHER, NO_COMM, WORKERS, Wire, WorkerContext, adopts,
                             alive_of, alive_peers, empty_wire, ring_all_reduce_state,
                             worker_mean)
 from loco.errors import ConfigError
-from loco import axis as comm_axis
+from loco.comm import axis as comm_axis
 
 PyTree = Any
 
@@ -48,7 +48,7 @@ def _compressor_or_identity(compressor):
   if compressor is None:
     return compress.identity()
   if not isinstance(compressor, compress.Compressor):
-    raise ConfigError('a compressed collective needs a loco.compress Compressor or None, '
+    raise ConfigError('a compressed collective needs a loco.comm.compress Compressor or None, '
                       f'got {type(compressor).__name__}.')
   return compressor
 

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from loco import axis as comm_axis
-from loco import compress
+from loco.comm import axis as comm_axis
+from loco.comm import compress
 from loco.comm.core import WORKERS, WorkerContext, alive_of
 from loco.comm.sparse import CompressedState, compressed_init, gather_wire
 

@@ -30,17 +30,17 @@ from typing import Any, Mapping, Sequence
 
 from ml_collections import config_dict
 
-from loco import network as network_lib
+from loco.sim import network as network_lib
 from loco import ranges
 from loco.errors import ConfigError
-from loco.metrics import WANDB_MODES
+from loco.files.metrics import WANDB_MODES
 
 # Single-key rules on numbers (`loco.ranges`), applied by `validate` to the whole config
 # (a key left None, "the preset's / the paper's default", is not checked); the
 # algorithm's keys carry theirs in its spec. Rules between keys stay
 # where the keys meet: eval.every and checkpoint.every are multiples of log_every
-# (`_check_cadence`), seq_len <= model.max_seq_len, topk <= chunk_size (loco.compress),
-# slow_workers <= num_workers (loco.network).
+# (`_check_cadence`), seq_len <= model.max_seq_len, topk <= chunk_size (loco.comm.compress),
+# slow_workers <= num_workers (loco.sim.network).
 CONSTRAINTS = {
     'seed': 'in [0, 2**32)',
     'num_workers': '>= 1',
@@ -448,7 +448,7 @@ def _check_cadence(present: Mapping[str, Any]) -> None:
 def _check_algorithm(present: Mapping[str, Any]) -> None:
   """The algorithm's own keys and ranges (its spec), and the inner optimizer's name."""
   from loco import algorithms
-  from loco import optim
+  from loco.algorithms import optim
   prefix = 'algorithm.'
   keys = {k[len(prefix):]: v for k, v in present.items()
           if k.startswith(prefix) and k != 'algorithm.name' and v is not None}

@@ -74,7 +74,7 @@ def get_config() -> config_dict.ConfigDict:
                                     # share up to this is one pool per epoch
 
   c.optimizer = config_dict.ConfigDict()  # the inner optimizer, shared by all algorithms
-  c.optimizer.name = placeholder(str)  # adamw | muon | sgd | signsgd (loco/optim.py);
+  c.optimizer.name = placeholder(str)  # adamw | muon | sgd | signsgd (loco/algorithms/optim.py);
                                     # None: the algorithm's default (its spec's `inner`)
   c.optimizer.lr = 3e-3             # peak learning rate
   c.optimizer.warmup_steps = 50     # linear warm-up steps
@@ -95,7 +95,7 @@ def get_config() -> config_dict.ConfigDict:
   for key, declared in algorithms.config_keys().items():
     c.algorithm[key] = placeholder(declared.kind)
 
-  # The simulated network (loco/network.py): set profile to get sim_seconds,
+  # The simulated network (loco/sim/network.py): set profile to get sim_seconds,
   # utilization and idle time; None fields take the profile's defaults.
   c.network = config_dict.ConfigDict()
   c.network.profile = placeholder(str)   # None: no clock | homogeneous | multi_region | lognormal
@@ -156,7 +156,7 @@ def get_config() -> config_dict.ConfigDict:
   c.progress = True                 # terminal progress bar
 
   # Where metrics rows go besides metrics.jsonl (the record) and TensorBoard
-  # (workdir/tensorboard/): loco/metrics.py sinks. Logging only: may change on resume.
+  # (workdir/tensorboard/): loco/files/metrics.py sinks. Logging only: may change on resume.
   c.metrics = config_dict.ConfigDict()
   c.metrics.wandb_project = placeholder(str)  # W&B project; None: no W&B (pip install -e '.[wandb]')
   c.metrics.wandb_entity = placeholder(str)   # W&B team or user; None: the account's default

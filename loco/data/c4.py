@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator
 import tensorflow_datasets as tfds
 
 from loco import errors
-from loco import runs
+from loco.files import runs
 from loco.data import config as config_lib
 
 NAME, CONFIG, VERSION = 'loco_c4', 'en', '1.0.0'

@@ -39,7 +39,7 @@ def is_c4(tfds_name: str) -> bool:
 class DataConfig:
   """Which corpus to read, how to tokenize it and how to split it over workers.
 
-  `loco.experiment` builds it with `DataConfig(**config.data)`; every value is checked
+  `loco.run.experiment` builds it with `DataConfig(**config.data)`; every value is checked
   here so that a typo fails before any file is read.
   """
 

@@ -38,7 +38,7 @@ WHEELS = {   # pip name -> (version, who imports it)
     'tensorflow-datasets': ('4.9.10', 'the corpus, a TFDS ArrayRecord dataset (loco/data)'),
     'grain': ('0.2.18', 'the data pipeline (loco/data/pipeline.py)'),
     'array-record': ('0.8.6', 'grain\'s and tfds\'s file format'),
-    'tensorboardX': ('2.6.5', 'the metrics\' TensorBoard sink (loco/metrics.py)'),
+    'tensorboardX': ('2.6.5', 'the metrics\' TensorBoard sink (loco/files/metrics.py)'),
     'portpicker': ('1.6.0', 'grain'),
     'dm-tree': ('0.1.10', 'tfds'),
     'immutabledict': ('4.3.1', 'tfds'),

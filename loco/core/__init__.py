@@ -1,0 +1,1 @@
+"""loco.core: the contract and the engine."""

@@ -1,0 +1,1 @@
+"""loco.files: a run folder's files: reading and writing them."""

@@ -1,0 +1,1 @@
+"""loco.lab: turning finished runs into verdicts, and launching them."""

@@ -1,0 +1,1 @@
+"""loco.run: one training run (or R of one shape), from config to workdir."""

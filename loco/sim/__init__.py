@@ -1,0 +1,1 @@
+"""loco.sim: the simulated network and clock."""
