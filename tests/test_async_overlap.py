@@ -234,9 +234,9 @@ def test_overlapped_run_on_an_instant_network_equals_synchronous_gasloc():
                               StepContext(mixing=jnp.asarray(rounds[t // 3])))
   for t in range(sched.num_ticks):
     async_state, info = async_step(async_state, grads(async_state.params), StepContext(
-        active=jnp.asarray(sched.active[t]), sync=jnp.asarray(sched.sync[t]),
-        mixing=jnp.asarray(sched.mixing[t]),
-        participation=Participation(send=jnp.asarray(sched.send[t]))))
+        active=jnp.asarray(sched.active[t]), mixing=jnp.asarray(sched.mixing[t]),
+        participation=Participation(sync=jnp.asarray(sched.sync[t]),
+                                    send=jnp.asarray(sched.send[t]))))
     np.testing.assert_array_equal(np.asarray(info.wire.sent) > 0, sched.sync[t])
   np.testing.assert_allclose(async_state.params['w'], sync_state.params['w'], rtol=1e-6)
   np.testing.assert_allclose(async_state.anchor['w'], sync_state.anchor['w'], rtol=1e-6)
@@ -258,10 +258,11 @@ def test_a_merge_reads_the_partners_model_as_it_was_when_sent():
   (stale, grads), (fresh, _) = _toy(alg), _toy(base)
   stale_step, fresh_step = jax.jit(alg.step), jax.jit(base.step)
   for t in range(sched.num_ticks):
-    ctx = StepContext(active=jnp.asarray(sched.active[t]), sync=jnp.asarray(sched.sync[t]),
-                      mixing=jnp.asarray(sched.mixing[t]))
+    sync = Participation(sync=jnp.asarray(sched.sync[t]))
+    ctx = StepContext(active=jnp.asarray(sched.active[t]), mixing=jnp.asarray(sched.mixing[t]),
+                      participation=sync)
     stale, _ = stale_step(stale, grads(stale.params), ctx._replace(
-        participation=Participation(send=jnp.asarray(sched.send[t]))))
+        participation=sync._replace(send=jnp.asarray(sched.send[t]))))
     fresh, _ = fresh_step(fresh, grads(fresh.params), ctx)
   assert np.all(np.isfinite(stale.params['w']))
   assert not np.allclose(stale.params['w'], fresh.params['w'])
@@ -283,15 +284,15 @@ def test_a_send_tick_stores_only_the_senders_snapshots():
                         topology='ring').replay.overlapped()
   state, grads = _toy(alg)
   step = jax.jit(alg.step)
-  quiet = dict(sync=jnp.zeros(4, bool), mixing=jnp.eye(4, dtype=jnp.float32))
+  mixing, silent = jnp.eye(4, dtype=jnp.float32), jnp.zeros(4, bool)
   first = jnp.asarray([True, True, False, False])
-  state, _ = step(state, grads(state.params), StepContext(participation=Participation(send=first),
-                                                          **quiet))
+  state, _ = step(state, grads(state.params), StepContext(
+      mixing=mixing, participation=Participation(sync=silent, send=first)))
   sent = _snapshots(state)
   np.testing.assert_array_equal(sent[2:], 0.0)            # not sent yet: as initialised
   assert np.abs(sent[:2]).max() > 0
-  state, _ = step(state, grads(state.params), StepContext(participation=Participation(send=~first),
-                                                          **quiet))
+  state, _ = step(state, grads(state.params), StepContext(
+      mixing=mixing, participation=Participation(sync=silent, send=~first)))
   after = _snapshots(state)
   np.testing.assert_array_equal(after[:2], sent[:2])      # still what they sent
   assert not np.allclose(after[2:], 0.0)                  # the second pair's, now
@@ -410,9 +411,9 @@ def test_overlapped_replay_on_8_devices_matches_one_device():
     step, sent = jax.jit(alg.step), []
     for t in range(sched.num_ticks):
       state, info = step(state, {'w': state.params['w'] - target}, StepContext(
-          active=jnp.asarray(sched.active[t]), sync=jnp.asarray(sched.sync[t]),
-          mixing=jnp.asarray(sched.mixing[t]),
-        participation=Participation(send=jnp.asarray(sched.send[t]))))
+          active=jnp.asarray(sched.active[t]), mixing=jnp.asarray(sched.mixing[t]),
+          participation=Participation(sync=jnp.asarray(sched.sync[t]),
+                                      send=jnp.asarray(sched.send[t]))))
       sent.append(np.asarray(info.wire.sent))
     results.append((np.asarray(state.params['w']), np.stack(sent)))
   np.testing.assert_array_equal(results[1][1], results[0][1])

@@ -16,6 +16,7 @@ from loco.algorithms import optim
 from loco.run import step as step_lib
 from loco.algorithms import spec as spec_lib
 from loco.core.engine import StepContext, local_updates
+from loco.core.participation import Participation
 from loco.errors import ConfigError
 
 M = 4
@@ -380,12 +381,14 @@ def test_a_per_worker_sync_mask_syncs_only_those_workers_and_only_then():
   pairs = np.eye(M, dtype=np.float32)
   pairs[:2, :2] = 0.5                        # workers 0 and 1 exchange, 2 and 3 do not
   step = jax.jit(alg.step)
-  quiet, info = step(state, grads, StepContext(sync=np.zeros(M, bool), mixing=pairs))
+  quiet, info = step(state, grads, StepContext(
+      participation=Participation(sync=np.zeros(M, bool)), mixing=pairs))
   jax.effects_barrier()
   assert not calls and not bool(info.synced)
   mask = np.array([True, True, False, False])
-  got, info = step(state, grads, StepContext(sync=mask, mixing=pairs))
-  full, _ = step(state, grads, StepContext(sync=np.ones(M, bool), mixing=pairs))
+  got, info = step(state, grads, StepContext(participation=Participation(sync=mask), mixing=pairs))
+  full, _ = step(state, grads, StepContext(
+      participation=Participation(sync=np.ones(M, bool)), mixing=pairs))
   jax.effects_barrier()
   assert calls and bool(info.synced)
   np.testing.assert_array_equal(info.wire.sent > 0, mask)

@@ -14,6 +14,7 @@ from loco.sim import network as net_lib
 from loco.sim import schedule as schedule_lib
 from loco.run import train
 from loco.core.engine import StepContext
+from loco.core.participation import Participation
 from loco.errors import ConfigError
 from loco.files.metrics import TIMING_KEYS, read_metrics
 from loco.wire import Wire
@@ -339,8 +340,8 @@ def test_async_replay_with_equal_speeds_equals_the_synchronous_run():
     # Synchronous GASLoC on the same matchings: its own every-H schedule.
     sync_state, _ = step(sync_state, grads(sync_state.params), StepContext(mixing=mixing))
     async_state, info = step(async_state, grads(async_state.params), StepContext(
-        active=jnp.asarray(sched.active[t]), sync=jnp.asarray(sched.sync[t]),
-        mixing=mixing))
+        active=jnp.asarray(sched.active[t]), mixing=mixing,
+        participation=Participation(sync=jnp.asarray(sched.sync[t]))))
   np.testing.assert_allclose(async_state.params['w'], sync_state.params['w'], rtol=1e-6)
   np.testing.assert_allclose(async_state.anchor['w'], sync_state.anchor['w'], rtol=1e-6)
   # The workers did mix (they pull to different targets yet moved toward each other).
@@ -358,8 +359,8 @@ def test_replay_with_unequal_speeds_runs_only_the_scheduled_outer_steps():
   for t in range(sched.num_ticks):
     before = state
     state, info = step(state, grads(state.params), StepContext(
-        active=jnp.asarray(sched.active[t]), sync=jnp.asarray(sched.sync[t]),
-        mixing=jnp.asarray(sched.mixing[t])))
+        active=jnp.asarray(sched.active[t]), mixing=jnp.asarray(sched.mixing[t]),
+        participation=Participation(sync=jnp.asarray(sched.sync[t]))))
     off = ~sched.sync[t]
     # Workers outside this tick's exchanges keep their anchors and send nothing.
     np.testing.assert_array_equal(np.asarray(state.anchor['w'])[off],

@@ -11,6 +11,7 @@ from loco import model as model_lib
 from loco.algorithms import optim
 from loco.run import step as step_lib
 from loco.core.engine import StepContext
+from loco.core.participation import Participation
 from loco.errors import ConfigError
 
 
@@ -226,4 +227,4 @@ def test_bad_input():
   alg = _make(sync_every=6)
   state = alg.init(params, 2, jax.random.PRNGKey(0))
   with pytest.raises(ConfigError, match='Participation.sync'):
-    alg.step(state, state.params, StepContext(sync=jnp.array(True)))
+    alg.step(state, state.params, StepContext(participation=Participation(sync=jnp.array(True))))

@@ -41,17 +41,7 @@ from loco.wire import Wire
 PyTree = Any
 
 
-# StepContext's fields; the class below adds the `sync=` spelling (a NamedTuple cannot
-# define its own __new__).
-class _Context(NamedTuple):
-  active: jax.Array | None = None
-  alive: jax.Array | None = None
-  mixing: jax.Array | None = None
-  key: jax.Array | None = None
-  participation: participation_lib.Participation | None = None
-
-
-class StepContext(_Context):
+class StepContext(NamedTuple):
   """What is special about one tick; None fields mean 'the algorithm's own default'.
 
   Attributes:
@@ -64,15 +54,12 @@ class StepContext(_Context):
     participation: a `loco.core.participation.Participation`: who takes part in this tick's
       sync and how beyond `alive` (the sync override, keep-local and offline dropout,
       rejoining, the overlapped asynchronous replay's snapshots), or None: every worker.
-      `StepContext(sync=x)` is short for `participation=Participation(sync=x)`.
   """
-  __slots__ = ()
-
-  def __new__(cls, active=None, alive=None, mixing=None, key=None, participation=None, *,
-              sync=None):
-    if sync is not None:
-      participation = (participation or participation_lib.Participation())._replace(sync=sync)
-    return super().__new__(cls, active, alive, mixing, key, participation)
+  active: jax.Array | None = None
+  alive: jax.Array | None = None
+  mixing: jax.Array | None = None
+  key: jax.Array | None = None
+  participation: participation_lib.Participation | None = None
 
 
 class StepInfo(NamedTuple):

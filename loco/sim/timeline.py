@@ -109,9 +109,8 @@ class Timeline:
     if self.schedule is not None:
       s, e = start, start + count
       send = None if self.schedule.send is None else self.schedule.send[s:e]
-      return StepContext(active=self.schedule.active[s:e], sync=self.schedule.sync[s:e],
-                         mixing=self.schedule.mixing[s:e],
-                         participation=None if send is None else Participation(send=send))
+      return StepContext(active=self.schedule.active[s:e], mixing=self.schedule.mixing[s:e],
+                         participation=Participation(sync=self.schedule.sync[s:e], send=send))
     if self.sync.trivial and self.local_steps is None:
       return None
     active, alive = self.sync.masks(start, count)
