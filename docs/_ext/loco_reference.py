@@ -14,6 +14,7 @@ import concurrent.futures
 import os
 import subprocess
 import sys
+import types
 
 # (title, console script or None, argv after `python`); a command with sub-commands lists
 # each. The commands of `launch/` run from a checkout.
@@ -89,6 +90,14 @@ def config_page() -> str:
       reference.markdown()])
 
 
+def _entry(value, name: str) -> str:
+  """A module is listed under its own path (autodoc imports it by that path; `loco.study`
+  is the module `loco.lab.study`), anything else under its `loco` name."""
+  if isinstance(value, types.ModuleType):
+    return value.__name__.removeprefix('loco.')
+  return name
+
+
 def api_page() -> str:
   import loco  # pylint: disable=g-import-not-at-top
   listed = [name for _, names in API_GROUPS for name in names]
@@ -100,13 +109,14 @@ def api_page() -> str:
   out = ['# API', '',
          '`import loco` names the stable surface (`loco/__init__.py`); everything else is '
          'internal and may move. The names load on first use, so `import loco` stays '
-         'cheap; each entry below is the object the name resolves to.', '',
+         'cheap; each entry below is the object the name resolves to, a module under '
+         'its own path (`loco.study` is `loco.lab.study`).', '',
          '```{eval-rst}', '.. currentmodule:: loco', '```', '']
   for title, names in API_GROUPS:
     documented = [n for n in names if _documented(getattr(loco, n))]
     out += [f'## {title}', '', '```{eval-rst}', '.. autosummary::', '   :toctree: generated',
             '']
-    out += [f'   {name}' for name in documented]
+    out += [f'   {_entry(getattr(loco, name), name)}' for name in documented]
     out += ['```', '']
     for name in names:   # a value (a dict, ...) has no docstring of its own: say what it is
       if name not in documented:
