@@ -871,13 +871,15 @@ def _here(status: Mapping[str, Any]) -> bool:
   return status.get('host') in (None, sweep_lib.host())
 
 
-def programs(folder: str, where: Callable[[Mapping[str, Any]], bool] = lambda s: True
-             ) -> list[tuple[float, float]]:
-  """(units, seconds) per finished program under `folder` (a batch of runs is one), of
-  the runs `where` keeps."""
+def programs(folder: str) -> list[tuple[float, float]]:
+  """(units, seconds) per finished program under `folder` (a batch of runs is one)."""
+  return _programs(_finished_statuses(folder))
+
+
+def _programs(statuses: Sequence[Mapping[str, Any]]) -> list[tuple[float, float]]:
   found: dict[tuple, tuple[float, float]] = {}
-  for s in _finished_statuses(folder):
-    if 'steps' not in (s.get('overrides') or {}) or not where(s):
+  for s in statuses:
+    if 'steps' not in (s.get('overrides') or {}):
       continue
     key = tuple(s['batch']) if s.get('batch') else (s.get('name'),)
     u, secs = found.get(key, (0.0, 0.0))
@@ -885,15 +887,16 @@ def programs(folder: str, where: Callable[[Mapping[str, Any]], bool] = lambda s:
   return list(found.values())
 
 
-def in_flight(folder: str, where: Callable[[Mapping[str, Any]], bool] = lambda s: True
-              ) -> float:
-  """Wall seconds during which some finished run under `folder` (of those `where` keeps)
-  was training: the union of their [start, end] (status.json), pauses and other work on
-  the machine included. Read from the runs, it spans every invocation that trained them."""
+def in_flight(folder: str) -> float:
+  """Wall seconds during which some finished run under `folder` was training: the union
+  of their [start, end] (status.json), pauses and other work on the machine included.
+  Read from the runs, it spans every invocation that trained them."""
+  return _in_flight(_finished_statuses(folder))
+
+
+def _in_flight(statuses: Sequence[Mapping[str, Any]]) -> float:
   spans = []
-  for s in _finished_statuses(folder):
-    if not where(s):
-      continue
+  for s in statuses:
     try:
       start, end = (datetime.datetime.fromisoformat(s[k]).timestamp()
                     for k in ('start', 'end'))
@@ -912,23 +915,22 @@ def cost(out: str) -> dict[str, Any]:
   """What OUT's finished runs cost on this machine: their units, the median seconds per
   unit over the programs (robust to a program slowed by a pause or by other work beside
   it), and the wall seconds they were in flight (`in_flight`). Runs another machine
-  trained (status.json's `host`, `loco.lab.sweep.host`) are counted apart under `elsewhere`,
-  {host: {tuning, finals, in_flight}}: their seconds are not this machine's."""
-  tune_dir, final_dir = os.path.join(out, 'tune'), os.path.join(out, 'final')
-  tune, final = programs(tune_dir, _here), programs(final_dir, _here)
+  trained (status.json's `host`, `loco.lab.sweep.host`) are counted apart under
+  `elsewhere`, {host: {tuning, finals, in_flight}}: their seconds are not this
+  machine's."""
+  tune_s, final_s = (_finished_statuses(os.path.join(out, d)) for d in ('tune', 'final'))
+  of = lambda host, statuses: [  # noqa: E731  (None: this machine's)
+      s for s in statuses if (None if _here(s) else s['host']) == host]
+  units = lambda found: sum(u for u, _ in found)  # noqa: E731
+  tune, final = _programs(of(None, tune_s)), _programs(of(None, final_s))
   every = [(u, secs) for u, secs in tune + final if u > 0]
   per_unit = float(np.median([secs / u for u, secs in every])) if every else math.nan
-  elsewhere = {}
-  hosts = {s['host'] for d in (tune_dir, final_dir) for s in _finished_statuses(d)
-           if not _here(s)}
-  for h in sorted(hosts):
-    on = lambda s, h=h: s.get('host') == h
-    elsewhere[h] = dict(
-        tuning=sum(u for u, _ in programs(tune_dir, on)),
-        finals=sum(u for u, _ in programs(final_dir, on)),
-        in_flight=in_flight(tune_dir, on) + in_flight(final_dir, on))
-  return dict(programs=len(every), per_unit=per_unit, tuning=sum(u for u, _ in tune),
-              finals=sum(u for u, _ in final), in_flight=in_flight(out, _here),
+  hosts = sorted({s['host'] for s in tune_s + final_s if not _here(s)})
+  elsewhere = {h: dict(tuning=units(_programs(of(h, tune_s))),
+                       finals=units(_programs(of(h, final_s))),
+                       in_flight=_in_flight(of(h, tune_s + final_s))) for h in hosts}
+  return dict(programs=len(every), per_unit=per_unit, tuning=units(tune),
+              finals=units(final), in_flight=_in_flight(of(None, _finished_statuses(out))),
               elsewhere=elsewhere)
 
 
