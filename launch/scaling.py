@@ -282,7 +282,8 @@ def write_page(out: str, plan: Mapping[str, Any], p: Mapping[str, Any],
   text = '\n'.join([
       f'# DiLoCo against DDP at N = {plan["params"]:,} ({plan["preset"]})', '',
       f'`python -m launch.scaling --preset={plan["preset"]} '
-      f'--out=runs/scaling_{plan["preset"]}` ({seconds / 60:.0f} minutes of runs). {plan["steps"]} steps x {plan["batch"]} x '
+      f'--out=runs/scaling_{plan["preset"]}` ({seconds / 60:.0f} minutes of runs). '
+      f'{plan["steps"]} steps x {plan["batch"]} x '
       f'{plan["seq_len"]} tokens = {plan["tokens_per_weight"]:.1f} tokens per weight, '
       f'H = {plan["h"]}, seeds {plan["seeds"]}; batches: '
       + ('every row an independent window (`data.sampling=\'windows\'`)'

@@ -26,7 +26,7 @@ from loco.errors import WorkdirError
 from loco.files.metrics import read_metrics
 from loco.files import runs as runs_lib
 from loco.files import storage
-from loco.files.runs import CONFIG, DIVERGED, LOCK  # noqa: F401  (the names live in loco.files.runs)
+from loco.files.runs import CONFIG, DIVERGED, LOCK  # noqa: F401  (they live in loco.files.runs)
 
 # Keys (or prefixes ending in '.') whose change does not alter what a run computes.
 MAY_CHANGE = ('progress', 'log_every', 'eval.every', 'eval.per_worker', 'checkpoint.',

@@ -44,8 +44,9 @@ they are printed every `--progress_every` seconds (default 30; 0: none).
 `loco.lab.slurm`), with the same plans, statuses, logs, resume and batching; the sweep waits
 for its jobs. `--launcher=submitit_local` runs those jobs on this machine.
 
-Runs execute `--parallel` at a time on this machine (or as jobs at once). On a CPU each run already uses
-every core, so `--parallel=1` is the fastest there; use more on a many-core host.
+Runs execute `--parallel` at a time on this machine (or as jobs at once). On a CPU each
+run already uses every core, so `--parallel=1` is the fastest there; use more on a
+many-core host.
 
 `--batch_runs=N` trains up to N runs that differ only in seed and the run knobs (inner
 lr, weight decay, outer lr: `loco.run.run_axis`) in one process and one compiled program

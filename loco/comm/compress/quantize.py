@@ -10,7 +10,8 @@ import jax.numpy as jnp
 from loco.comm import axis as comm_axis
 from loco.comm.axis import WORKERS
 from loco.comm.compress import chunking
-from loco.comm.compress.base import META_BITS, Compressor, Message, size, stateless_init, value_width
+from loco.comm.compress.base import (META_BITS, Compressor, Message, size, stateless_init,
+                                     value_width)
 from loco.errors import ConfigError
 
 E4M3_MAX = 448.0         # largest finite float8_e4m3fn
