@@ -2,6 +2,9 @@
 
   python scripts/slow_durations.py [PYTEST_ARGS...]
 
+With PYTEST_ARGS (some tests, `-k ...`) the measured tests' times replace theirs and the
+rest of the file is kept; without, the whole tier is measured and the file rewritten.
+
 tests/tiers.py packs the slow tests into shares of about SHARE_SECONDS by these
 times; the default run (`python -m pytest -q`) adds the UTC day's share. Re-run this
 after adding or changing slow tests (a test not measured yet is placed by its id's hash).
@@ -35,9 +38,15 @@ def main(argv: list[str]) -> int:
   if not seconds:
     print('the slow tier recorded nothing; tests/slow_durations.json left as it was')
     return 1
+  recorded = {}
+  if argv and os.path.isfile(OUT):      # a subset: keep the other tests' times
+    with open(OUT) as f:
+      recorded = json.load(f)
+  recorded.update({k: round(v, 1) for k, v in seconds.items()})
   with open(OUT, 'w') as f:
-    json.dump({k: round(v, 1) for k, v in sorted(seconds.items())}, f, indent=1)
+    json.dump(dict(sorted(recorded.items())), f, indent=1)
     f.write('\n')
+  seconds = collections.defaultdict(float, recorded)
   sys.path.insert(0, ROOT)
   from tests import tiers
   shares = tiers.slow_shares(list(seconds), seconds)
