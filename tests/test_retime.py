@@ -46,22 +46,36 @@ RUNS = {
 }
 
 
-@pytest.fixture(scope='module')
-def runs(tmp_path_factory, small_corpus_glob, data_dir):
-  """{name: workdir} of the RUNS, trained once (nano, 4 workers, 20 steps)."""
-  root = tmp_path_factory.mktemp('runs')
-  out = {}
-  for name, (algorithm, net) in RUNS.items():
-    c = make_nano_config(small_corpus_glob, data_dir)
+class _Trained(dict):
+  """{name: workdir} of the RUNS, each trained on first use (nano, 4 workers, 20 steps),
+  so the default tier trains only the runs its tests read."""
+
+  def __init__(self, root, small_corpus_glob, data_dir):
+    super().__init__()
+    self._root, self._glob, self._data_dir = root, small_corpus_glob, data_dir
+
+  def __missing__(self, name):
+    algorithm, net = RUNS[name]
+    c = make_nano_config(self._glob, self._data_dir)
     c.num_workers = M
     for key, value in algorithm.items():
       c.algorithm[key] = value
     c.network.step_seconds = 0.5
     for key, value in net.items():
       c.network[key] = value
-    out[name] = str(root / name)
-    train.run(c, out[name])
-  return out
+    workdir = str(self._root / name)
+    train.run(c, workdir)
+    self[name] = workdir
+    return workdir
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory, small_corpus_glob, data_dir):
+  return _Trained(tmp_path_factory.mktemp('runs'), small_corpus_glob, data_dir)
+
+
+# The runs the default tier's other tests read; the rest re-time under pytest -m slow.
+_DEFAULT = {'ddp', 'diloco', 'diloco_dropout', 'sparseloco'}
 
 
 def _own(workdir):
@@ -181,7 +195,8 @@ def _slower(own):
   return out
 
 
-@pytest.mark.parametrize('name', list(RUNS))
+@pytest.mark.parametrize('name', [n if n in _DEFAULT else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in RUNS])
 def test_a_run_retimed_on_a_slower_network_never_gets_faster(runs, name):
   """Only links named: the run's step time, speeds, stragglers and seed stay its own, so
   slower links can only add time, at every row; the compute part of the clock is the
