@@ -8,8 +8,8 @@ guard fails the run if anything still touches the real `~/.cache/loco`: an audit
 sees every Python-level file access under it, and its listing is compared before and
 after the session (for C++ readers such as tensorstore).
 JAX sees 8 CPU devices, so mesh tests run in-process. The in-process runs share one
-persistent compilation cache under the temporary HOME, as loco.main's runs share theirs,
-so a program that many tests build (the nano DiLoCo step) compiles once per session.
+persistent compilation cache with the loco.main runs the tests start (`~/.cache/loco/jax`
+of the temporary HOME), so a program that many tests build compiles once per session.
 """
 
 import os
@@ -76,7 +76,7 @@ logging.set_verbosity(logging.WARNING)
 
 import jax  # noqa: E402
 
-jax.config.update('jax_compilation_cache_dir', os.path.join(_TEST_HOME, '.cache', 'jax'))
+jax.config.update('jax_compilation_cache_dir', os.path.join(_TEST_HOME, '.cache', 'loco', 'jax'))
 jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.2)
 
 
