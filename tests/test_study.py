@@ -152,6 +152,45 @@ def test_tune_reads_the_runs_and_picks_the_known_best(tmp_path):
   assert len(picks['grid']) == 7 and picks['edge'] == []
 
 
+def test_tuning_drops_the_checkpoints_of_its_finished_runs_only(tmp_path, monkeypatch):
+  """A sweep stand-in trains each tuning run (one setting diverges and fails): after each
+  sweep the finished runs have lost their checkpoints (a pick reads metrics only), the
+  failed one keeps its own, and the pick is the one made from runs written by hand."""
+  m = study.Method('diloco', {}, OUTER)
+  loss = _bowl(6e-3, 0.5)
+  out = str(tmp_path)
+  broken = {study.LR: 1.5e-3, OUTER.key: 0.7}
+
+  def sweep(runs, folder, parallel, report, batch_runs):
+    del parallel, report, batch_runs
+    for r in runs:
+      workdir = os.path.join(folder, r.name)
+      if os.path.isfile(os.path.join(workdir, 'status.json')):
+        continue                                       # a sweep skips what has ended
+      s = {k: r.overrides[k] for k in (study.LR, OUTER.key)}
+      _fake_run(workdir, BUDGET.steps, float('nan') if s == broken else loss(s),
+                'failed' if s == broken else 'finished', s == broken)
+      os.makedirs(os.path.join(workdir, 'checkpoints', str(BUDGET.steps)))
+      with open(os.path.join(workdir, 'checkpoints', str(BUDGET.steps), 'x'), 'wb') as f:
+        f.write(b'0' * 1000)
+    return 0
+
+  monkeypatch.setattr(study, 'run_sweep', sweep)
+  freed = []
+  drop = study.drop_checkpoints
+  monkeypatch.setattr(study, 'drop_checkpoints',
+                      lambda folder, names: freed.append(drop(folder, names)))
+  picks = study.tune(out, [m], BUDGET)['diloco']
+  assert picks['setting'] == {study.LR: 6e-3, OUTER.key: 0.5}
+  tune = os.path.join(out, 'tune', 'diloco')
+  runs = sorted(os.listdir(tune))
+  have = [d for d in runs if os.path.isdir(os.path.join(tune, d, 'checkpoints'))]
+  assert have == [study.label(broken)] and len(runs) == len(picks['grid']) == 7
+  assert len(freed) > 1 and sum(freed) == 1000 * (len(runs) - 1)
+  assert all(os.path.isfile(os.path.join(tune, d, 'metrics.jsonl')) for d in runs)
+  assert drop(os.path.join(out, 'tune'), ['diloco/none']) == 0
+
+
 def _group(name, losses, windows=None, docs=None):
   return study.Group(name, dict(zip((1, 2, 3), losses)),
                      {} if windows is None else dict(zip((1, 2, 3), windows)),
