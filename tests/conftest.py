@@ -74,10 +74,10 @@ if 'xla_force_host_platform_device_count' not in os.environ.get('XLA_FLAGS', '')
 
 logging.set_verbosity(logging.WARNING)
 
-import jax  # noqa: E402
+os.environ.pop('LOCO_JAX_CACHE', None)     # loco's default folder, under the temporary HOME
+from loco.run import step  # noqa: E402
 
-jax.config.update('jax_compilation_cache_dir', os.path.join(_TEST_HOME, '.cache', 'loco', 'jax'))
-jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.2)
+step.enable_compilation_cache()
 
 
 def pytest_sessionfinish(session, exitstatus):
