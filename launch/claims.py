@@ -46,7 +46,8 @@ the topology x H table at seed 1. Runs are `loco.sweep` runs under OUT/tune and
 OUT/final, those that differ only in seed or lr three at a time in one program
 (`--batch_runs`): the same command resumes after an interruption and skips what is
 finished; the page is rewritten from the runs each time. `--quick` is the same pipeline
-with 36-step runs (a pipeline check, not evidence); it writes OUT/claims.md.
+with 36-step runs and one or two points of each ladder (`QUICK_PLAN`): a pipeline check,
+not evidence; it writes OUT/claims.md.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class Scale:
   single_seed: tuple[int, ...]         # the density ladder, the topology x H table
   h_series: tuple[int, ...]            # DiLoCo's H axis (H itself is the claims' run)
   h_table: tuple[int, ...]             # GASLoC's topology x H table
+  plan: Plan = dataclasses.field(default_factory=lambda: Plan())
   batch: int = 4                       # sequences per worker
   seq_len: int = 64
 
@@ -126,7 +128,8 @@ MICRO_WEIGHTS = 426_752
 
 
 def _scale(steps, steps_h1, h, eval_every, seeds, score_batches, tune_fraction,
-           series_seeds, single_seed, h_series, h_table, check_seed=CHECK_SEED) -> Scale:
+           series_seeds, single_seed, h_series, h_table, check_seed=CHECK_SEED,
+           plan: Plan | None = None) -> Scale:
   common = {'seq_len': 64, 'eval.batches': 32, 'eval.batch_size': 16,
             'eval.per_worker': False, 'eval.every': eval_every, 'log_every': h,
             'checkpoint.every': steps // 2, 'progress': False}
@@ -134,22 +137,9 @@ def _scale(steps, steps_h1, h, eval_every, seeds, score_batches, tune_fraction,
                             inner_lrs=(1.5e-3, 3e-3, 6e-3), seeds=seeds,
                             score_batches=score_batches, tune_fraction=tune_fraction,
                             check_seed=check_seed),
-               h, series_seeds, single_seed, h_series, h_table)
+               h, series_seeds, single_seed, h_series, h_table, plan or Plan())
 
 
-SCALES = {
-    # 70 rounds of H = 15, 5 tokens per weight, tuned at full length: about 2.2 hours here
-    # with every claim, figure and table of the page.
-    'full': _scale(1050, 300, 15, 150, (1, 2, 3), 512, 1.0, (1, 2), (1,),
-                   (1, 5, 30, 60, 150), (1, 15)),
-    # 140 rounds, 10 tokens per weight, tuned at half length (the same tuning runs as
-    # 'full'): about 3.5 hours here, over the page's 3-hour budget.
-    'long': _scale(2100, 600, 15, 150, (1, 2, 3), 512, 0.5, (1, 2), (1,),
-                   (1, 5, 30, 60, 150), (1, 15)),
-    # The pipeline end to end in minutes: one H beside the claims' in the figure and the
-    # table, no check seed (its rule is tested on runs written by hand).
-    'quick': _scale(36, 24, 6, 12, (1, 2), 16, 1.0, (1,), (1,), (12,), (6,), None),
-}
 
 # Outer Nesterov at the papers' momentum 0.9 for the methods built on it; the outer lr is
 # the knob.
@@ -176,9 +166,73 @@ DENSITIES = {4096: 100, 1024: 25, 256: 6.25, 128: 3.125, 64: 1.5625, 32: 0.78125
 # adopt a synced fragment (refused by the config), so the grid is alpha in {0, 0.5}.
 STREAMING_GRID = ((5, 0.5), (1, 0.0), (5, 0.0))
 TOPOLOGIES = ('ring', 'torus', 'exponential', 'matching', 'complete')
+BASELINES_H1 = ('dadamw', 'adpsgd', 'a2cid2', 'noloco_h1')   # claim 7, against GASLoC
+GRAPHS = ('ring', 'exponential')                             # claim 7's graphs
 # A variant that changes M, H, the topology or the communication form re-tunes its
 # outer lr (or, without one, its own knob) around its parent's pick.
 RETUNE = study.Retune()
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """The ladders and grids a page trains beside its claims' own runs: the full page's
+  are the values above; the quick page's keep one or two of each, enough to run every
+  path of the pipeline (tuning, re-tuning, families, extra seeds, figures, tables)."""
+  momenta: tuple[float, ...] = REFERENCE_MOMENTA
+  dropouts: tuple[int, ...] = DROPOUTS
+  pruned: tuple[int, ...] = PRUNED
+  replicas: tuple[int, ...] = REPLICAS
+  densities: tuple[tuple[int, float], ...] = tuple(DENSITIES.items())
+  streaming_grid: tuple[tuple[int, float], ...] = STREAMING_GRID
+  topologies: tuple[str, ...] = TOPOLOGIES
+  baselines_h1: tuple[str, ...] = BASELINES_H1
+
+  def __post_init__(self):
+    # What the claims' tests read (claims 3, 10 and 11) and the topology table's base.
+    needs = {'dropouts': (50,), 'pruned': (50,), 'replicas': (4, 16),
+             'topologies': ('complete',)}
+    for field, values in needs.items():
+      if not set(values) <= set(getattr(self, field)):
+        raise ValueError(f'Plan.{field} must hold {values}, got {getattr(self, field)}')
+
+  @property
+  def reference(self) -> tuple[str, ...]:
+    """The reference family's members, one per momentum."""
+    return tuple(reference_name(mu) for mu in self.momenta)
+
+  @property
+  def families(self) -> dict[str, tuple[str, ...]]:
+    """'diloco' is the best-tuned member, 'nesterov' the best with momentum (claim 2)."""
+    return {'diloco': self.reference,
+            'nesterov': tuple(reference_name(mu) for mu in self.momenta if mu > 0)}
+
+  @property
+  def h1_methods(self) -> tuple[str, ...]:
+    """Claim 7's methods: GASLoC's two forms and the baselines."""
+    return ('gasloc_h1', 'gasloc_h1_peer') + self.baselines_h1
+
+
+# One or two of each: every kind of run and re-tune, a figure's line from two points, the
+# topology slopes from two fixed graphs; the reference family with and without momentum.
+QUICK_PLAN = Plan(momenta=(0.0, 0.9), dropouts=(50,), pruned=(50,), replicas=(4, 16),
+                  densities=((4096, 100), (64, 1.5625)), streaming_grid=((5, 0.0),),
+                  topologies=('ring', 'exponential', 'complete'),
+                  baselines_h1=('dadamw', 'adpsgd'))
+
+SCALES = {
+    # 70 rounds of H = 15, 5 tokens per weight, tuned at full length: about 2.2 hours here
+    # with every claim, figure and table of the page.
+    'full': _scale(1050, 300, 15, 150, (1, 2, 3), 512, 1.0, (1, 2), (1,),
+                   (1, 5, 30, 60, 150), (1, 15)),
+    # 140 rounds, 10 tokens per weight, tuned at half length (the same tuning runs as
+    # 'full'): about 3.5 hours here, over the page's 3-hour budget.
+    'long': _scale(2100, 600, 15, 150, (1, 2, 3), 512, 0.5, (1, 2), (1,),
+                   (1, 5, 30, 60, 150), (1, 15)),
+    # The pipeline end to end in minutes: one H beside the claims' in the figure and the
+    # table, no check seed (its rule is tested on runs written by hand).
+    'quick': _scale(36, 24, 6, 12, (1, 2), 16, 1.0, (1,), (1,), (12,), (6,), None,
+                    QUICK_PLAN),
+}
 
 
 def _pct(x: float) -> str:
@@ -190,10 +244,10 @@ def reference_name(mu: float) -> str:
   return {0.0: 'diloco_sgd', 0.9: 'diloco_nesterov'}.get(mu, f'diloco_mu{_pct(mu)}')
 
 
-REFERENCE = tuple(reference_name(mu) for mu in REFERENCE_MOMENTA)
-NESTEROV_MEMBERS = tuple(reference_name(mu) for mu in REFERENCE_MOMENTA if mu > 0)
-# 'diloco' is the best-tuned member, 'nesterov' the best with momentum (claim 2).
-FAMILIES = {'diloco': REFERENCE, 'nesterov': NESTEROV_MEMBERS}
+# The full page's (the quick one's are its plan's).
+REFERENCE = Plan().reference
+FAMILIES = Plan().families
+H1_METHODS = Plan().h1_methods
 
 
 def reference_knob(mu: float) -> Knob:
@@ -202,7 +256,8 @@ def reference_knob(mu: float) -> Knob:
 
 
 def methods(scale: Scale) -> list[Method]:
-  h = scale.sync_every
+  """The tuned methods of the scale's plan."""
+  h, plan = scale.sync_every, scale.plan
   nesterov = {'algorithm.outer_optimizer': 'nesterov', 'algorithm.outer_momentum': 0.9}
   diloco = {'algorithm.name': 'diloco', 'algorithm.sync_every': h}
   gasloc = {'algorithm.name': 'gasloc', 'algorithm.topology': 'ring',
@@ -211,13 +266,13 @@ def methods(scale: Scale) -> list[Method]:
   # At one step per communication momentum 0.9 compounds with AdamW's (2503.09799
   # Fig. 9): the claim-7 methods keep the 40-round page's 0.5.
   h1_outer = {**gasloc, 'algorithm.outer_momentum': 0.5}
-  return [
+  every = [
       Method('ddp', {}),
-      # The reference family (FAMILIES): one member per outer momentum.
+      # The reference family (Plan.families): one member per outer momentum.
       *[Method(reference_name(mu), {**diloco, **(
           {'algorithm.outer_optimizer': 'sgd', 'algorithm.outer_momentum': 0.0} if mu == 0
           else {'algorithm.outer_optimizer': 'nesterov', 'algorithm.outer_momentum': mu})},
-               reference_knob(mu)) for mu in REFERENCE_MOMENTA],
+               reference_knob(mu)) for mu in plan.momenta],
       # Claim 1's control: the whole batch on one worker, tuned on its own.
       Method('diloco_m1', {**diloco, **nesterov, 'num_workers': 1,
                            'batch_per_worker': 8 * scale.batch}, NESTEROV_M1),
@@ -244,11 +299,9 @@ def methods(scale: Scale) -> list[Method]:
                            'algorithm.topology': 'ring', 'algorithm.outer_momentum': 0.5},
              NESTEROV, h1=True),
   ]
+  left_out = set(BASELINES_H1) - set(plan.baselines_h1)
+  return [m for m in every if m.name not in left_out]
 
-
-H1_METHODS = ('gasloc_h1', 'gasloc_h1_peer', 'dadamw', 'adpsgd', 'a2cid2', 'noloco_h1')
-BASELINES_H1 = ('dadamw', 'adpsgd', 'a2cid2', 'noloco_h1')
-GRAPHS = ('ring', 'exponential')
 
 
 def finals(scale: Scale = SCALES['full'], more: Collection[str] = ()) -> list[Final]:
@@ -265,7 +318,7 @@ def undecided(scale: Scale, g: Mapping[str, Group], picks: Mapping[str, Any]) ->
   answer does not move once the extra ones exist."""
   names = {f.name for f in _finals(scale)}
   found = set()
-  for claim in CLAIMS:
+  for claim in claims_of(scale.plan):
     if claim.x == 'sim_seconds':
       continue
     try:
@@ -280,7 +333,7 @@ def undecided(scale: Scale, g: Mapping[str, Group], picks: Mapping[str, Any]) ->
 
 
 def _finals(scale: Scale) -> list[Final]:
-  series, single = scale.series_seeds, scale.single_seed
+  series, single, plan = scale.series_seeds, scale.single_seed, scale.plan
   warm = {'init_from': os.path.join('{out}', 'final', 'ddp', 'seed{seed}', 'checkpoints',
                                     str(scale.warm_step)),
           'init_inner_state': 'carried', 'steps': scale.budget.steps - scale.warm_step,
@@ -290,7 +343,7 @@ def _finals(scale: Scale) -> list[Final]:
       Final('ddp', 'ddp', {'checkpoint.every': scale.warm_step, 'checkpoint.keep': 8}),
       # The reference family, every member at every seed (its landscape's seed spread),
       # and the DiLoCo paper's configuration at the Nesterov 0.9 member's inner lr.
-      *[Final(n, n) for n in REFERENCE],
+      *[Final(n, n) for n in plan.reference],
       Final('diloco_paper', 'diloco_nesterov', PAPER_OUTER),
       Final('diloco_m1', 'diloco_m1'),
       Final('diloco_warm', 'diloco', warm), Final('diloco_m1_warm', 'diloco_m1', warm),
@@ -298,7 +351,7 @@ def _finals(scale: Scale) -> list[Final]:
       *[Final(f'diloco_keep{p}', 'diloco', {'network.profile': 'homogeneous',
                                             'network.dropout': p / 100,
                                             'network.dropout_mode': 'keep_local'})
-        for p in DROPOUTS],
+        for p in plan.dropouts],
       # Claims 4 and 5: Streaming with exactly P = 2 fragments; E3M0 outer gradients.
       Final('streaming', 'streaming'),
       Final('diloco_e3m0', 'diloco', {'algorithm.compression': 'e3m0'}),
@@ -312,17 +365,17 @@ def _finals(scale: Scale) -> list[Final]:
              'network.overlap': 'compute', 'network.local_work': 'auto',
              'network.peer_choice': 'rotation'}, retune=RETUNE),
       # Claim 10: outer-gradient pruning (TIES).
-      *[Final(f'diloco_prune{p}', 'diloco', {'algorithm.prune': p / 100}) for p in PRUNED],
+      *[Final(f'diloco_prune{p}', 'diloco', {'algorithm.prune': p / 100}) for p in plan.pruned],
       # Claim 11: replicas at a fixed batch per worker (more replicas, more tokens), each
       # M with its outer lr re-tuned.
       *[Final(f'diloco_r{m}', 'diloco', {'num_workers': m}, retune=RETUNE)
-        for m in REPLICAS],
+        for m in plan.replicas],
   ]
   # Claim 7: one step per communication, per graph (tuned on the ring, re-tuned on the
   # other graph); GASLoC with every neighbour and with one random neighbour per round
   # (the paper's "sparse randomized peer communication", re-tuned: another form).
   for g in GRAPHS:
-    for m in H1_METHODS:
+    for m in plan.h1_methods:
       if m == 'gasloc_h1_peer':
         out.append(Final(f'gasloc_h1_peer_{g}', 'gasloc_h1',
                          {'algorithm.topology': g, 'algorithm.pairwise': True},
@@ -336,9 +389,9 @@ def _finals(scale: Scale) -> list[Final]:
           for h in scale.h_series]
   out += [Final(f'streaming_t{t}_a{_pct(a)}', 'streaming',
                 {'algorithm.overlap_steps': t, 'algorithm.merge_alpha': a}, series)
-          for t, a in STREAMING_GRID]
+          for t, a in plan.streaming_grid]
   out.append(Final('streaming_p1', 'streaming', {'algorithm.num_fragments': 1}, series))
-  for k, pct in DENSITIES.items():
+  for k, pct in plan.densities:
     for codec in ('2bit', 'none'):
       if (k, codec) != (64, '2bit'):
         out.append(Final(f'sparse_d{_pct(pct)}_{"2bit" if codec == "2bit" else "f32"}',
@@ -350,14 +403,14 @@ def _finals(scale: Scale) -> list[Final]:
                 {'algorithm.topology': t, 'algorithm.sync_every': h, 'eval.per_worker': True,
                  'eval.every': scale.budget.steps},
                 single, RETUNE)
-          for t in TOPOLOGIES for h in scale.h_table]
+          for t in plan.topologies for h in scale.h_table]
   return out
 
 
 def _retune_of(method: str) -> study.Retune:
   """What a claim-7 method re-tunes on another graph: its own knob (the outer lr, the
   gossip step), or the inner lr for a method without one."""
-  knob = {m.name: m.knob for m in methods(SCALES['quick'])}[method]
+  knob = {m.name: m.knob for m in methods(SCALES['full'])}[method]
   if knob is None:
     return study.Retune(study.LR)
   return study.Retune(knob.key, high=knob.high)
@@ -521,109 +574,114 @@ SCALING_PAPER = dict(model='35M-2.4B, C4', tokens_per_weight='20 (Chinchilla)',
                      rounds='about 100-1,000', h='30 (1-300 swept)', workers='1, 2, 4, 8',
                      batch='tuned (grows with N and M)', warm_start='none')
 
-CLAIMS = (
-    Claim(1, 'DiLoCo reaches DDP\'s loss (within 2% perplexity) at equal tokens with H x '
-          'fewer bytes.', '2311.08105',
-          Regime(**DILOCO_PAPER, meaning=(
-              'Not at the paper\'s regime: from scratch at 0.43M the scaling-law paper\'s '
-              'fits (2503.09799 Table 7) predict DiLoCo M = 8 about +6.7% and M = 1 about '
-              '+0.2% in loss, so the test here is whether loco follows those trends (M = 1 '
-              'and the 25% DDP warm start are the controls), not the paper\'s headline.')),
-          ('ddp', 'diloco', 'diloco_paper', 'diloco_m1', 'diloco_warm', 'diloco_m1_warm'),
-          lambda p, _: [Test(ref(p), 'ddp', WITHIN_2)]),
-    Claim(2, 'A Nesterov outer optimizer beats SGD / FedAvg outer.', '2311.08105, Fig. 6',
-          Regime(**{**DILOCO_PAPER, 'workers': '8 (outer lr {.1,.3,.5,.7,1} x momentum '
-                                               '{.8,.9,.95})'},
-                 meaning='Each momentum tuned over the same effective steps eta / (1 - mu); '
-                 'the best-tuned Nesterov member against SGD tuned alike. {rounds} rounds let '
-                 'momentum 0.9 build up (1 / (1 - 0.9) = 10 rounds), but whether momentum '
-                 'helps depends on the pseudo-gradients\' noise, which depends on scale: a '
-                 'data point.'),
-          REFERENCE + ('diloco_paper',),
-          lambda p, _: [Test(ref(p, 'nesterov'), 'diloco_sgd')]),
-    Claim(3, 'DiLoCo degrades gracefully when outer gradients are dropped: at most the '
-          'paper\'s +2.1% perplexity at 50%.', '2311.08105, Fig. 8',
-          Regime(**DILOCO_PAPER, meaning=(
-              'The mechanism is the paper\'s (keep_local: the dropped worker\'s '
-              'pseudo-gradient is not sent and it trains on from its own parameters); '
-              'with {rounds} rounds a dropped round is a small share of the run, as in the '
-              'paper. The 40-round page also measured offline and discard.')),
-          ('diloco',) + tuple(f'diloco_keep{p}' for p in DROPOUTS),
-          lambda p, _: [Test('diloco_keep50', ref(p), DROPOUT_50)], transfers=True),
-    Claim(4, 'Streaming DiLoCo (P = 2 fragments, tau = 1, alpha = 0.5) matches DiLoCo\'s '
-          'loss with a lower peak bandwidth.', '2501.18512',
-          Regime(model='35M-4B, C4', tokens_per_weight='20 (and 1B overtrained)',
-                 rounds='about 100-1,000', h='100 (30 swept)', workers='2',
-                 batch='tuned', warm_start='none',
-                 meaning='A mechanism test (fragment schedule and merge); P = 2 is every '
-                 'block of micro in its own fragment, as P = layers / 3 is there.'),
-          ('diloco', 'streaming', 'streaming_p1') + tuple(
-              f'streaming_t{t}_a{_pct(a)}' for t, a in STREAMING_GRID),
-          lambda p, _: [Test('streaming', ref(p), WITHIN_2)], transfers=True),
-    Claim(5, '4-bit (E3M0) outer gradients cost no loss (within 2% perplexity).',
-          '2501.18512',
-          Regime(model='500M-4B, C4', tokens_per_weight='20', rounds='about 100-1,000',
-                 h='100', workers='2', batch='tuned', warm_start='none',
-                 meaning='A mechanism test: quantization error against the pseudo-gradient '
-                 'does not depend on model size first-order.'),
-          ('diloco', 'diloco_e3m0', 'streaming', 'streaming_e3m0'),
-          lambda p, _: [Test('diloco_e3m0', ref(p), WITHIN_2),
-                        Test('streaming_e3m0', 'streaming', WITHIN_2)], transfers=True),
-    Claim(6, 'SparseLoCo at 1.6% density with 2-bit values matches or beats DiLoCo '
-          '(within 2% perplexity).', '2508.15706',
-          Regime(model='512M, DCLM', tokens_per_weight='20', rounds='163', h='15',
-                 workers='8', batch='4M-token global batch / 8', warm_start='none',
-                 meaning='H matches the paper, {rounds} rounds against its 163 and {tpw} '
-                 'tokens per weight against its 20; the model is 1,200x smaller and the '
-                 'inner lr is shared, not per method.'),
-          ('diloco', 'sparseloco', 'diloco_e3m0', 'streaming_e3m0'),
-          lambda p, _: [Test('sparseloco', ref(p), WITHIN_2)], transfers=True),
-    Claim(7, 'GASLoC beats D-AdamW, AD-PSGD, A2CiD2 and NoLoCo at one step per '
-          'communication on ring and exponential graphs.', '2606.11081',
-          Regime(model='not public', tokens_per_weight='not public', rounds='—', h='1',
-                 workers='not public', batch='not public', warm_start='not public',
-                 meaning='The abstract names no baselines or sizes; they are loco\'s choice. '
-                 'Tested with one random neighbour per round (the paper\'s "sparse '
-                 'randomized peer communication"), every neighbour beside it.'),
-          tuple(f'{m}_{g}' for g in GRAPHS for m in H1_METHODS),
-          lambda p, g: [Test(equal_bytes(g, graph, b), f'{b}_{graph}') for graph in GRAPHS
-                        for b in BASELINES_H1]),
-    Claim(8, 'GASLoC with multiple local steps is competitive with DiLoCo (within 2% '
-          'perplexity).', '2606.11081',
-          Regime(model='not public', tokens_per_weight='not public', rounds='—', h='several',
-                 workers='not public', batch='not public', warm_start='not public',
-                 meaning='"Competitive" has no number; ring of 8 (the hardest graph for '
-                 'gossip); the form is the one picked on the tuning split.'),
-          ('diloco', 'gasloc', 'gasloc_pp'),
-          lambda p, _: [Test(_form(p, ('gasloc', 'gasloc_pp')), ref(p), WITHIN_2)]),
-    Claim(9, 'Under heterogeneous bandwidth, GASLoC reaches a target loss sooner in '
-          'simulated time than DiLoCo.', '2606.11081',
-          Regime(model='not public', tokens_per_weight='not public', rounds='—',
-                 h='per worker', workers='not public', batch='not public',
-                 warm_start='not public',
-                 meaning='Slow links (2 of 8 workers 100x slower); asynchronous GASLoC as '
-                 'the paper simulates it (exchanges overlap compute, H_i from each worker\'s '
-                 'speed, peers in a rotation); synchronous runs re-timed on that network.'),
-          ('diloco', 'gasloc', 'gasloc_pp', 'gasloc_async_overlap'),
-          lambda p, _: [Test('gasloc_async_overlap', ref(p), relative=False)],
-          x='sim_seconds'),
-    Claim(10, 'Pruning half of each outer gradient (by magnitude, merged by sign) costs '
-          'little: within 2% perplexity (the paper: 25 / 50 / 75% pruned cost -0.06 / '
-          '+0.39 / +1.66%).', '2311.08105, Table 6',
-          Regime(**DILOCO_PAPER, meaning='A mechanism test of TIES-style pruning (loco\'s '
-                 'reading of the paper\'s sign pruning).'),
-          ('diloco',) + tuple(f'diloco_prune{p}' for p in PRUNED),
-          lambda p, _: [Test('diloco_prune50', ref(p), WITHIN_2)], transfers=True),
-    Claim(11, 'More replicas help with diminishing returns past 8 (the paper\'s Table 3: '
-          '1 / 4 / 8 / 16 / 64 replicas give 16.23 / 15.18 / 15.02 / 14.91 / 14.96 '
-          'perplexity).', '2311.08105, Table 3',
-          Regime(**{**DILOCO_PAPER, 'workers': '1, 4, 8, 16, 64 (each with its own batch)'},
-                 meaning='Each replica adds its own batch, so more replicas train more '
-                 'tokens (as in the paper). Tested: the gain from 8 to 16 is below the '
-                 'gain from 4 to 8.'),
-          ('diloco_r1', 'diloco_r2', 'diloco_r4', 'diloco', 'diloco_r16'),
-          lambda p, _: [Test('gain_8_to_16', 'gain_4_to_8', relative=False)]),
-)
+def claims_of(plan: Plan) -> tuple[Claim, ...]:
+  """The claims, their finals and tests over the plan's ladders."""
+  return (
+      Claim(1, 'DiLoCo reaches DDP\'s loss (within 2% perplexity) at equal tokens with H x '
+            'fewer bytes.', '2311.08105',
+            Regime(**DILOCO_PAPER, meaning=(
+                'Not at the paper\'s regime: from scratch at 0.43M the scaling-law paper\'s '
+                'fits (2503.09799 Table 7) predict DiLoCo M = 8 about +6.7% and M = 1 about '
+                '+0.2% in loss, so the test here is whether loco follows those trends (M = 1 '
+                'and the 25% DDP warm start are the controls), not the paper\'s headline.')),
+            ('ddp', 'diloco', 'diloco_paper', 'diloco_m1', 'diloco_warm', 'diloco_m1_warm'),
+            lambda p, _: [Test(ref(p), 'ddp', WITHIN_2)]),
+      Claim(2, 'A Nesterov outer optimizer beats SGD / FedAvg outer.', '2311.08105, Fig. 6',
+            Regime(**{**DILOCO_PAPER, 'workers': '8 (outer lr {.1,.3,.5,.7,1} x momentum '
+                                                 '{.8,.9,.95})'},
+                   meaning='Each momentum tuned over the same effective steps eta / (1 - mu); '
+                   'the best-tuned Nesterov member against SGD tuned alike. {rounds} rounds let '
+                   'momentum 0.9 build up (1 / (1 - 0.9) = 10 rounds), but whether momentum '
+                   'helps depends on the pseudo-gradients\' noise, which depends on scale: a '
+                   'data point.'),
+            plan.reference + ('diloco_paper',),
+            lambda p, _: [Test(ref(p, 'nesterov'), 'diloco_sgd')]),
+      Claim(3, 'DiLoCo degrades gracefully when outer gradients are dropped: at most the '
+            'paper\'s +2.1% perplexity at 50%.', '2311.08105, Fig. 8',
+            Regime(**DILOCO_PAPER, meaning=(
+                'The mechanism is the paper\'s (keep_local: the dropped worker\'s '
+                'pseudo-gradient is not sent and it trains on from its own parameters); '
+                'with {rounds} rounds a dropped round is a small share of the run, as in the '
+                'paper. The 40-round page also measured offline and discard.')),
+            ('diloco',) + tuple(f'diloco_keep{p}' for p in plan.dropouts),
+            lambda p, _: [Test('diloco_keep50', ref(p), DROPOUT_50)], transfers=True),
+      Claim(4, 'Streaming DiLoCo (P = 2 fragments, tau = 1, alpha = 0.5) matches DiLoCo\'s '
+            'loss with a lower peak bandwidth.', '2501.18512',
+            Regime(model='35M-4B, C4', tokens_per_weight='20 (and 1B overtrained)',
+                   rounds='about 100-1,000', h='100 (30 swept)', workers='2',
+                   batch='tuned', warm_start='none',
+                   meaning='A mechanism test (fragment schedule and merge); P = 2 is every '
+                   'block of micro in its own fragment, as P = layers / 3 is there.'),
+            ('diloco', 'streaming', 'streaming_p1') + tuple(
+                f'streaming_t{t}_a{_pct(a)}' for t, a in plan.streaming_grid),
+            lambda p, _: [Test('streaming', ref(p), WITHIN_2)], transfers=True),
+      Claim(5, '4-bit (E3M0) outer gradients cost no loss (within 2% perplexity).',
+            '2501.18512',
+            Regime(model='500M-4B, C4', tokens_per_weight='20', rounds='about 100-1,000',
+                   h='100', workers='2', batch='tuned', warm_start='none',
+                   meaning='A mechanism test: quantization error against the pseudo-gradient '
+                   'does not depend on model size first-order.'),
+            ('diloco', 'diloco_e3m0', 'streaming', 'streaming_e3m0'),
+            lambda p, _: [Test('diloco_e3m0', ref(p), WITHIN_2),
+                          Test('streaming_e3m0', 'streaming', WITHIN_2)], transfers=True),
+      Claim(6, 'SparseLoCo at 1.6% density with 2-bit values matches or beats DiLoCo '
+            '(within 2% perplexity).', '2508.15706',
+            Regime(model='512M, DCLM', tokens_per_weight='20', rounds='163', h='15',
+                   workers='8', batch='4M-token global batch / 8', warm_start='none',
+                   meaning='H matches the paper, {rounds} rounds against its 163 and {tpw} '
+                   'tokens per weight against its 20; the model is 1,200x smaller and the '
+                   'inner lr is shared, not per method.'),
+            ('diloco', 'sparseloco', 'diloco_e3m0', 'streaming_e3m0'),
+            lambda p, _: [Test('sparseloco', ref(p), WITHIN_2)], transfers=True),
+      Claim(7, 'GASLoC beats D-AdamW, AD-PSGD, A2CiD2 and NoLoCo at one step per '
+            'communication on ring and exponential graphs.', '2606.11081',
+            Regime(model='not public', tokens_per_weight='not public', rounds='—', h='1',
+                   workers='not public', batch='not public', warm_start='not public',
+                   meaning='The abstract names no baselines or sizes; they are loco\'s choice. '
+                   'Tested with one random neighbour per round (the paper\'s "sparse '
+                   'randomized peer communication"), every neighbour beside it.'),
+            tuple(f'{m}_{g}' for g in GRAPHS for m in plan.h1_methods),
+            lambda p, g: [Test(equal_bytes(g, graph, b), f'{b}_{graph}') for graph in GRAPHS
+                          for b in plan.baselines_h1]),
+      Claim(8, 'GASLoC with multiple local steps is competitive with DiLoCo (within 2% '
+            'perplexity).', '2606.11081',
+            Regime(model='not public', tokens_per_weight='not public', rounds='—', h='several',
+                   workers='not public', batch='not public', warm_start='not public',
+                   meaning='"Competitive" has no number; ring of 8 (the hardest graph for '
+                   'gossip); the form is the one picked on the tuning split.'),
+            ('diloco', 'gasloc', 'gasloc_pp'),
+            lambda p, _: [Test(_form(p, ('gasloc', 'gasloc_pp')), ref(p), WITHIN_2)]),
+      Claim(9, 'Under heterogeneous bandwidth, GASLoC reaches a target loss sooner in '
+            'simulated time than DiLoCo.', '2606.11081',
+            Regime(model='not public', tokens_per_weight='not public', rounds='—',
+                   h='per worker', workers='not public', batch='not public',
+                   warm_start='not public',
+                   meaning='Slow links (2 of 8 workers 100x slower); asynchronous GASLoC as '
+                   'the paper simulates it (exchanges overlap compute, H_i from each worker\'s '
+                   'speed, peers in a rotation); synchronous runs re-timed on that network.'),
+            ('diloco', 'gasloc', 'gasloc_pp', 'gasloc_async_overlap'),
+            lambda p, _: [Test('gasloc_async_overlap', ref(p), relative=False)],
+            x='sim_seconds'),
+      Claim(10, 'Pruning half of each outer gradient (by magnitude, merged by sign) costs '
+            'little: within 2% perplexity (the paper: 25 / 50 / 75% pruned cost -0.06 / '
+            '+0.39 / +1.66%).', '2311.08105, Table 6',
+            Regime(**DILOCO_PAPER, meaning='A mechanism test of TIES-style pruning (loco\'s '
+                   'reading of the paper\'s sign pruning).'),
+            ('diloco',) + tuple(f'diloco_prune{p}' for p in plan.pruned),
+            lambda p, _: [Test('diloco_prune50', ref(p), WITHIN_2)], transfers=True),
+      Claim(11, 'More replicas help with diminishing returns past 8 (the paper\'s Table 3: '
+            '1 / 4 / 8 / 16 / 64 replicas give 16.23 / 15.18 / 15.02 / 14.91 / 14.96 '
+            'perplexity).', '2311.08105, Table 3',
+            Regime(**{**DILOCO_PAPER, 'workers': '1, 4, 8, 16, 64 (each with its own batch)'},
+                   meaning='Each replica adds its own batch, so more replicas train more '
+                   'tokens (as in the paper). Tested: the gain from 8 to 16 is below the '
+                   'gain from 4 to 8.'),
+            tuple('diloco' if m == 8 else f'diloco_r{m}' for m in sorted(plan.replicas + (8,))),
+            lambda p, _: [Test('gain_8_to_16', 'gain_4_to_8', relative=False)]),
+  )
+
+
+CLAIMS = claims_of(Plan())     # the full page's
 
 
 def derived_groups(g: Mapping[str, Group], picks: Mapping[str, Any]) -> dict[str, Group]:
@@ -667,7 +725,7 @@ def times_to_target(out: str, scale: Scale, g: Mapping[str, Group],
   """Simulated seconds per seed to the highest last eval loss of the synchronous finals
   of claim 9 (so each of them reaches it): {'target', 'groups': name -> Group of seconds,
   'never': name -> seeds that never reach it}."""
-  names = [n for n in CLAIMS[8].shown(picks) if n in g]   # claim 9
+  names = [n for n in claims_of(scale.plan)[8].shown(picks) if n in g]   # claim 9
   curves = {n: sim_curves(out, scale, n) for n in names}
   sync = [c[-1][1] for n in names if not _asynchronous(n) for c in curves[n].values() if c]
   if not sync:
@@ -794,7 +852,8 @@ def draw_figures(g: Mapping[str, Group], scale: Scale, figures: str,
   plots.save(fig, paths['diloco_h'])
   # DiLoCo against replicas (each with its own batch; 2311.08105 Table 3).
   fig, (ax,) = plots.figure(1)
-  ms = sorted(REPLICAS + (8,))
+  plan = scale.plan
+  ms = sorted(plan.replicas + (8,))
   _band(ax, ms, [get(dn) if m == 8 else get(f'diloco_r{m}') for m in ms], 'C0',
         'DiLoCo, 4 x 64 tokens per replica')
   _hline(ax, get('ddp'), 'C3', 'DDP (8 x 4 x 64 tokens per step)')
@@ -805,7 +864,7 @@ def draw_figures(g: Mapping[str, Group], scale: Scale, figures: str,
   plots.save(fig, paths['diloco_m'])
   # The outer optimizer: Nesterov momentum against SGD (2311.08105 Fig. 6).
   fig, (ax,) = plots.figure(1)
-  _band(ax, REFERENCE_MOMENTA, [get(reference_name(mu)) for mu in REFERENCE_MOMENTA],
+  _band(ax, plan.momenta, [get(reference_name(mu)) for mu in plan.momenta],
         'C0', 'DiLoCo, outer lr tuned per momentum (0: SGD)')
   _hline(ax, get('diloco_paper'), 'C1', 'the paper\'s configuration (0.9, outer lr 0.7)')
   _hline(ax, get('ddp'), 'C3', 'DDP')
@@ -834,9 +893,9 @@ def draw_figures(g: Mapping[str, Group], scale: Scale, figures: str,
   for ax, key in zip(axes, ('bytes_sent', 'bytes_received')):
     for i, codec in enumerate(('2bit', 'f32')):
       names = ['sparseloco' if (k, codec) == (64, '2bit') else
-               f'sparse_d{_pct(pct)}_{codec}' for k, pct in DENSITIES.items()]
-      pts = [(getattr(g[n], key), g[n].mean, pct) for n, pct in zip(names, DENSITIES.values())
-             if n in g]
+               f'sparse_d{_pct(pct)}_{codec}' for k, pct in plan.densities]
+      pts = [(getattr(g[n], key), g[n].mean, pct)
+             for n, (_, pct) in zip(names, plan.densities) if n in g]
       if pts:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker='o', color=f'C{i}',
                 label=f'SparseLoCo, {codec} values (100% .. 0.8%)')
@@ -875,7 +934,7 @@ def figure_methods(scale: Scale, picks: Mapping[str, Any]) -> list[Method]:
   ms = methods(scale)
   by_name = {m.name: m for m in ms}
   return ms + [dataclasses.replace(by_name[ref(picks, f)], name=f)
-               for f in FAMILIES if ref(picks, f) in by_name]
+               for f in scale.plan.families if ref(picks, f) in by_name]
 
 
 # ---- drift: the per-round diagnostics of claims 1, 2 and 4 ------------------------------
@@ -885,10 +944,10 @@ DRIFT_PANELS = (('pg_cosine', 'mean cosine between workers\' pseudo-gradients'),
                 ('pg_norm', 'pseudo-gradient norm (RMS over workers)'))
 
 
-def drift_finals(picks: Mapping[str, Any]) -> dict[int, tuple[str, ...]]:
+def drift_finals(picks: Mapping[str, Any], plan: Plan) -> dict[int, tuple[str, ...]]:
   """Per claim drawn: the finals whose drift shows its mechanism."""
   return {1: (ref(picks), 'diloco_warm', 'diloco_m1'),
-          2: REFERENCE,
+          2: plan.reference,
           4: (ref(picks), 'streaming', 'streaming_p1')}
 
 
@@ -909,7 +968,7 @@ def drift_text(out: str, scale: Scale, g: Mapping[str, Group], picks: Mapping[st
                figures: str, rel: str) -> list[str]:
   """The drift figure (claims 1, 2 and 4: a row each, a panel per diagnostic, seed
   bands) and what it shows, from the finals' metrics rows: no training."""
-  panels = drift_finals(picks)
+  panels = drift_finals(picks, scale.plan)
   fig, axes = plots.figure(len(DRIFT_PANELS) * len(panels), rows=len(panels))
   drawn = False
   for i, (number, names) in enumerate(panels.items()):
@@ -947,7 +1006,7 @@ def chi1_of() -> dict[str, float]:
 
 
 def topology_table(g: Mapping[str, Group], scale: Scale) -> dict[tuple[str, int], Group]:
-  return {(t, h): g[f'gasloc_{t}_h{h}'] for t in TOPOLOGIES for h in scale.h_table
+  return {(t, h): g[f'gasloc_{t}_h{h}'] for t in scale.plan.topologies for h in scale.h_table
           if f'gasloc_{t}_h{h}' in g}
 
 
@@ -965,7 +1024,7 @@ def topology_text(table: Mapping[tuple[str, int], Group], scale: Scale) -> list[
   rows = ['| graph | chi1 | ' + ' | '.join(f'H = {h}: averaged / own / consensus distance'
                                              for h in scale.h_table) + ' |',
           '|---|---|' + '---|' * len(scale.h_table)]
-  for t in TOPOLOGIES:
+  for t in scale.plan.topologies:
     cells = []
     for h in scale.h_table:
       x = table.get((t, h))
@@ -973,7 +1032,7 @@ def topology_text(table: Mapping[tuple[str, int], Group], scale: Scale) -> list[
                    f'{x.mean:.4f} / {x.last.get("eval_loss_workers", math.nan):.4f} / '
                    f'{x.last.get("worker_spread", math.nan):.4f}')
     rows.append(f'| {t} | {chis[t]:.2f} | ' + ' | '.join(cells) + ' |')
-  fixed = fixed_graphs()
+  fixed = fixed_graphs(scale.plan.topologies)
   lines = []
   for h in scale.h_table:
     base = table.get(('complete', h))
@@ -990,7 +1049,7 @@ def topology_text(table: Mapping[tuple[str, int], Group], scale: Scale) -> list[
         + ('fewer than 2 graphs with a positive gap' if k is None else f'{k:.2f}')
         + '; slope of the consensus distance: '
         + ('fewer than 2 graphs' if c is None else f'{c:.2f}') + '.')
-  random = [t for t in TOPOLOGIES if t != 'complete' and t not in fixed]
+  random = [t for t in scale.plan.topologies if t != 'complete' and t not in fixed]
   rows += ['', 'Slopes of log(gap to the complete graph) and of log(consensus distance) '
            'against log(chi1), over the fixed graphs ('
            + ', '.join(fixed) + '; the gap\'s over those with a positive gap). A slope of 1: '
@@ -1006,10 +1065,10 @@ def topology_text(table: Mapping[tuple[str, int], Group], scale: Scale) -> list[
   return rows
 
 
-def fixed_graphs() -> list[str]:
+def fixed_graphs(topologies: Sequence[str] = TOPOLOGIES) -> list[str]:
   """The topologies (not complete) whose graph is the same every round."""
   from loco.comm import topology
-  return [t for t in TOPOLOGIES
+  return [t for t in topologies
           if t != 'complete' and not topology.make_topology(t, 8).is_random]
 
 
@@ -1079,11 +1138,12 @@ KINDS = {True: 'mechanism check: a verdict about how the method works, which doe
                 'verdict at 0.43M weights is a measurement there, not a test of the paper'}
 
 
-def landscape_text(picks: Mapping[str, Any], g: Mapping[str, Group]) -> list[str]:
+def landscape_text(picks: Mapping[str, Any], g: Mapping[str, Group],
+                   plan: Plan = Plan()) -> list[str]:
   """The reference family's tuning landscape: per momentum, the tuning loss (seed 0) at
   each outer lr tried at the member's inner lr, its pick, and its final's mean ± std
   over seeds (the seed spread); the DiLoCo paper's configuration beside it."""
-  if not all(m in picks for m in REFERENCE):
+  if not all(m in picks for m in plan.reference):
     return ['The reference family has not finished tuning.']
   best = ref(picks)
   lines = [f'Each momentum mu tunes the outer lr eta over the same effective steps eta / '
@@ -1093,7 +1153,7 @@ def landscape_text(picks: Mapping[str, Any], g: Mapping[str, Group]) -> list[str
            f'reference of every claim: **{best}**.', '',
            '| momentum | eta: tuning loss (eta / (1 - mu)) | pick | final: mean ± std '
            '(seeds) |', '|---|---|---|---|']
-  for mu, name in zip(REFERENCE_MOMENTA, REFERENCE):
+  for mu, name in zip(plan.momenta, plan.reference):
     p = picks[name]
     lr = p['setting'][study.LR]
     row = [(x['algorithm.outer_lr'], loss) for x, loss in p['tried']
@@ -1195,7 +1255,7 @@ def _claims_sections(out: str, scale: Scale, figures: str, rel: str,
   """The summary table's rows, the per-claim sections (regime card, tests, table, plot)
   and each claim's verdict word."""
   rows, details, words = [], [], {}
-  for claim in CLAIMS:
+  for claim in claims_of(scale.plan):
     # Claim 9 compares seconds to the target: only finals with a seed that reached it.
     groups = dict(t9.get('groups', {})) if claim.x == 'sim_seconds' else g
     v, word, measured = _verdict(claim, groups, g, picks, scale, t9)
@@ -1227,7 +1287,7 @@ def _claims_sections(out: str, scale: Scale, figures: str, rel: str,
 def _tuning_table(picks: Mapping[str, Any], scale: Scale) -> list[str]:
   """Every method's settings tried, its pick, the check seed's runs and its edges."""
   return study.tuning_table(picks, scale.budget.tune_seed, scale.budget.check_seed,
-                            skip=FAMILIES)
+                            skip=scale.plan.families)
 
 
 def _changed_text(page: str, words: Mapping[int, str], fill: Mapping[str, Any]
@@ -1321,7 +1381,7 @@ def write_page(out: str, scale: Scale, page: str, figures: str,
       '',
       '## The reference DiLoCo: its (outer lr, momentum) landscape',
       '',
-      *landscape_text(picks, g),
+      *landscape_text(picks, g, scale.plan),
       '',
       '## Tuning: equal budgets, every setting and the pick per method',
       '',
@@ -1342,7 +1402,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('--out', default=os.path.join('runs', 'claims70'))
   scales = parser.add_mutually_exclusive_group()
   scales.add_argument('--quick', action='store_true',
-                      help='36-step runs: the pipeline end to end, not evidence')
+                      help='36-step runs, one or two points per ladder: the pipeline '
+                      'end to end, not evidence')
   scales.add_argument('--long', action='store_true',
                       help='140 rounds (2,100 steps, 10 tokens per weight), about 3.5 h')
   parser.add_argument('--page', help=f'default: {PAGE}, or OUT/claims.md with --quick; '
@@ -1371,8 +1432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = functools.partial(study.run_all, args.out, methods(scale),
                             budget=scale.budget, parallel=args.parallel,
                             retimes={'slow_links': SLOW_LINKS}, train=not args.page_only,
-                            batch_runs=args.batch_runs, families=FAMILIES,
-                            retimed=REFERENCE + CLAIMS[8].finals)
+                            batch_runs=args.batch_runs, families=scale.plan.families,
+                            retimed=scale.plan.reference + claims_of(scale.plan)[8].finals)
     picks, g = run(finals(scale))
     more = undecided(scale, g, picks)
     if more:      # a first look left a claim undecided: its finals train the extra seeds

@@ -1,5 +1,6 @@
 """The claims page (launch/claims.py): its runs, budgets, verdicts and the page, end to end."""
 
+import dataclasses
 import math
 import os
 import shutil
@@ -65,7 +66,7 @@ def test_every_run_config_loads_and_each_claim_compares_at_equal_tokens(scale, i
   tokens = {name: c.steps * c.num_workers * c.batch_per_worker * c.seq_len
             for name, c in final.items()}
   seeds = {f.name: f.seeds_of(b) for f in finals}
-  for claim in claims.CLAIMS:
+  for claim in claims.claims_of(s.plan):
     within = {tokens[f'{f}/seed{seed}'] for f in claim.shown(picks)
               if f not in WARM + REPLICA_SERIES for seed in seeds[f]}
     assert len(within) == 1, (claim.number, within)
@@ -81,16 +82,18 @@ def test_every_run_config_loads_and_each_claim_compares_at_equal_tokens(scale, i
   assert s.warm_step % s.sync_every == 0
   # Replicas keep 4 sequences each: tokens grow with M.
   assert [tokens[f'diloco_r{m}/seed1'] / tokens['diloco_nesterov/seed1']
-          for m in claims.REPLICAS] == [m / 8 for m in claims.REPLICAS]
-  # The reference family's variants train its best member (here the 0.5 one), the
-  # re-tuned ones at their own pick, the others at the member's.
-  assert picks['diloco']['member'] == 'diloco_mu0p5'
-  for name in ('diloco_keep50', 'diloco_prune50', 'diloco_e3m0', 'diloco_r2', 'diloco_warm'):
+          for m in s.plan.replicas] == [m / 8 for m in s.plan.replicas]
+  # The reference family's variants train its best member (here the 0.5 one, or 0.9 in a
+  # plan without it), the re-tuned ones at their own pick, the others at the member's.
+  mu = 0.5 if 0.5 in s.plan.momenta else 0.9
+  best = claims.reference_name(mu)
+  assert picks['diloco']['member'] == best
+  for name in ('diloco_keep50', 'diloco_prune50', 'diloco_e3m0', 'diloco_r4', 'diloco_warm'):
     c = final[f'{name}/seed1']
-    assert (c.algorithm.outer_momentum, c.algorithm.outer_optimizer) == (0.5, 'nesterov')
-  assert final['diloco_prune50/seed1'].algorithm.outer_lr == picks['diloco_mu0p5'][
+    assert (c.algorithm.outer_momentum, c.algorithm.outer_optimizer) == (mu, 'nesterov')
+  assert final['diloco_prune50/seed1'].algorithm.outer_lr == picks[best][
       'setting']['algorithm.outer_lr']
-  assert final['diloco_r2/seed1'].algorithm.outer_lr == 0.123
+  assert final['diloco_r4/seed1'].algorithm.outer_lr == 0.123
   paper = final['diloco_paper/seed1'].algorithm
   assert (paper.outer_lr, paper.outer_momentum, paper.outer_optimizer) == (0.7, 0.9, 'nesterov')
   assert {c.seed for n, c in tuning.items() if '_seed' in n} == set()
@@ -129,15 +132,38 @@ def test_every_run_config_loads_and_each_claim_compares_at_equal_tokens(scale, i
 
 def _fake_picks(scale):
   """A pick per method (its second first-stage setting), the 0.5 member best of the
-  reference family, and every re-tuned variant at outer lr (or knob) 0.123."""
+  reference family (0.9 in a plan without it), and every re-tuned variant at outer lr
+  (or knob) 0.123."""
   ms = claims.methods(scale)
+  best = claims.reference_name(0.5 if 0.5 in scale.plan.momenta else 0.9)
   picks = {m.name: dict(setting=study.settings(m, scale.budget, {})[0][1],
-                        loss=1.9 if m.name == 'diloco_mu0p5' else 2.0) for m in ms}
-  study.add_families(picks, claims.FAMILIES)
+                        loss=1.9 if m.name == best else 2.0) for m in ms}
+  study.add_families(picks, scale.plan.families)
   for f in claims.finals(scale):
     if f.retune is not None:
       picks[f.name] = dict(setting={f.retune.key: 0.123}, loss=2.0)
   return picks
+
+
+def test_the_quick_plan_keeps_one_or_two_of_each_ladder_of_the_full_one():
+  """The quick page trains a subset of each ladder (its end-to-end test stays short),
+  with what the claims' tests read; a plan without it is refused."""
+  full, quick = claims.SCALES['full'].plan, claims.SCALES['quick'].plan
+  assert full == claims.Plan()
+  for field in dataclasses.fields(claims.Plan):
+    mine, every = getattr(quick, field.name), getattr(full, field.name)
+    assert 0 < len(mine) < len(every) and set(mine) <= set(every), field.name
+  assert {0.0, 0.9} <= set(quick.momenta)           # claim 2: SGD against momentum
+  quick_methods = {m.name: m for m in claims.methods(claims.SCALES['quick'])}
+  assert set(quick_methods) == {m.name for m in claims.methods(claims.SCALES['full'])} - {
+      'diloco_mu0p5', 'diloco_mu0p8', 'diloco_mu0p95', 'a2cid2', 'noloco_h1'}
+  names = {f.name for f in claims.finals(claims.SCALES['quick'])}
+  assert {'diloco_keep50', 'diloco_prune50', 'diloco_r4', 'diloco_r16',
+          'gasloc_complete_h6', 'dadamw_exponential', 'adpsgd_exponential'} <= names
+  assert not {'diloco_keep10', 'diloco_r1', 'a2cid2_ring', 'gasloc_torus_h6'} & names
+  for bad in ({'dropouts': (10, 30)}, {'replicas': (1, 2, 4)}, {'topologies': ('ring',)}):
+    with pytest.raises(ValueError, match=f'Plan.{next(iter(bad))} must hold'):
+      claims.Plan(**bad)
 
 
 def test_variants_that_move_the_optimum_retune_it_and_the_reference_is_a_family():
@@ -241,10 +267,14 @@ def test_margins_are_relative_loss_converted_from_the_papers_perplexity():
   assert claims.judge(g, [claims.Test('a', 'b', claims.WITHIN_2)], BUDGET).word == 'reproduced'
 
 
-def test_each_claim_names_its_finals_and_regime():
-  names = {f.name for f in claims.finals()} | {'gain_4_to_8', 'gain_8_to_16'}
-  picks = _fake_picks(claims.SCALES['full'])
-  for claim in claims.CLAIMS:
+@pytest.mark.parametrize('scale', list(claims.SCALES))
+def test_each_claim_names_its_finals_and_regime(scale):
+  """At every scale (the quick page's plan trains one or two of each ladder) a claim
+  shows and tests only finals its page trains."""
+  s = claims.SCALES[scale]
+  names = {f.name for f in claims.finals(s)} | {'gain_4_to_8', 'gain_8_to_16'}
+  picks = _fake_picks(s)
+  for claim in claims.claims_of(s.plan):
     assert set(claim.shown(picks)) <= names, claim.number
     assert {n for t in claim.tests(picks, {}) for n in (t.a, t.b)} <= names, claim.number
     card = claim.regime
@@ -278,13 +308,13 @@ def test_a_diverged_final_ends_the_page_and_is_named_on_it():
   g = {n: study.Group(n, {s: 2.0 for s in seeds}, {}, None, 0.0, 0.0, 0.0, [])
        for n, seeds in planned.items()}
   assert claims._progress(scale, g) == []
-  last = planned['diloco_r1'][-1]
-  del g['diloco_r1'].losses[last]
+  last = planned['diloco_r4'][-1]
+  del g['diloco_r4'].losses[last]
   assert 'In progress:** ' + f'{total - 1} of {total}' in ''.join(claims._progress(scale, g))
-  g['diloco_r1'].diverged[last] = 234
+  g['diloco_r4'].diverged[last] = 234
   lines = ''.join(claims._progress(scale, g))
   assert 'In progress' not in lines
-  assert f'**Diverged:** 1 of {total} final runs (diloco_r1: seed {last} diverged at step 234)' \
+  assert f'**Diverged:** 1 of {total} final runs (diloco_r4: seed {last} diverged at step 234)' \
       in lines
   # A claim whose method diverged where its baseline finished is refuted; claim 11's
   # gains lose the seed where either replica count diverged.
@@ -337,7 +367,7 @@ def test_a_test_whose_first_look_straddles_its_margin_gets_two_more_seeds():
 def test_the_topology_slopes_fit_the_fixed_graphs_against_chi1():
   """Gaps and consensus distances made to grow like chi1 ** k come back with slope k;
   the per-round random graph (matching, whose chi1 is the complete graph's) is left out."""
-  scale = claims.SCALES['quick']
+  scale = dataclasses.replace(claims.SCALES['quick'], plan=claims.Plan())   # every graph
   chis = claims.chi1_of()
   assert claims.fixed_graphs() == ['ring', 'torus', 'exponential']
   assert chis['matching'] == pytest.approx(chis['complete'])
@@ -394,7 +424,7 @@ def test_the_quick_claims_page_is_written_end_to_end(tmp_path, in_repo):
   assert os.path.isdir(os.path.join(out, 'final', 'gasloc', 'seed1', 'retimed', 'slow_links'))
   # Every synchronous final re-timed on the page's networks, drawn against simulated
   # time and bytes; the asynchronous one is not re-timed.
-  for name in ('ddp', 'diloco_warm', 'sparse_d25_f32', 'dadamw_ring'):
+  for name in ('ddp', 'diloco_warm', 'sparse_d100_f32', 'dadamw_ring'):
     for network in claims.NETWORKS:
       assert os.path.isdir(os.path.join(out, 'final', name, 'seed1', 'retimed', network))
   assert not os.path.isdir(os.path.join(out, 'final', 'gasloc_async_overlap', 'seed1',
