@@ -390,6 +390,62 @@ def test_the_topology_slopes_fit_the_fixed_graphs_against_chi1():
       claims.topology_text(table, scale))
 
 
+def _synthetic(scale):
+  """Picks as the tuning would leave them and a scored Group per final, every seed, with
+  losses, bytes and curves drawn per final's name: a page without training."""
+  picks = _fake_picks(scale)
+  for p in picks.values():
+    p.setdefault('label', study.label(p['setting']))
+    p.setdefault('tried', [(p['setting'], p['loss'])])
+    p.setdefault('grid', [(p['label'], p['loss'])])
+    p.setdefault('edge', [])
+  g = {}
+  for f in claims.finals(scale):
+    r = np.random.default_rng(sum(map(ord, f.name)))
+    seeds = f.seeds_of(scale.budget)
+    curves = [[(1000.0 * i, 3.0 - 0.1 * i) for i in range(5)] for _ in seeds]
+    g[f.name] = study.Group(
+        f.name, {s: float(2.0 + 0.05 * r.standard_normal()) for s in seeds}, {}, None,
+        float(r.integers(1e5, 1e8)), float(r.integers(1e5, 1e8)),
+        float(r.integers(1e3, 1e6)), curves,
+        {'worker_spread': 0.01, 'eval_loss_workers': 2.01})
+  return picks, g
+
+
+@pytest.mark.parametrize('scale', ['full', 'quick'])
+def test_the_whole_page_is_written_from_scored_finals_without_runs(scale, tmp_path, in_repo):
+  """write_page at each scale from synthetic picks and finals (no run folders): every
+  claim gets a row and a section, the landscape a row per momentum of the plan, the
+  topology table a row per graph, the tuning table a row per tuned method; claim 9 waits
+  for its re-timing; the figures are drawn."""
+  s = claims.SCALES[scale]
+  picks, g = _synthetic(s)
+  page = claims.write_page(str(tmp_path / 'runs'), s, str(tmp_path / 'claims.md'),
+                           str(tmp_path / 'figures'), picks, g)
+  text = open(page).read()
+  rows = {int(line.split('|')[1]): line for line in text.splitlines()
+          if line.startswith('| ') and line.split('|')[1].strip().isdigit() and
+          '[plot](' in line}
+  assert sorted(rows) == list(range(1, 12))
+  assert '**not run**' in rows[9] and 'not re-timed on slow links yet' in rows[9]
+  words = ('**reproduced**', '**not reproduced**', '**inconclusive**')
+  assert all(any(w in rows[n] for w in words) for n in rows if n != 9), rows
+  assert all(f'### Claim {n}\n' in text for n in range(1, 12))
+  landscape = text.split('## The reference DiLoCo')[1].split('\n## ')[0]
+  assert [line.split('|')[1].strip().split()[0] for line in landscape.splitlines()
+          if line.startswith('| ') and line[2].isdigit()] == [f'{mu:g}' for mu in
+                                                               s.plan.momenta]
+  assert landscape.count('**(best)**') == 1
+  topology = text.split('### GASLoC: topology x H')[1].split('\n## ')[0]
+  assert [t for t in claims.TOPOLOGIES if f'| {t} | ' in topology] == list(s.plan.topologies)
+  tuning = text.split('## Tuning: equal budgets')[1].split('\n## ')[0]
+  assert all(f'| {m.name} | ' in tuning for m in claims.methods(s))
+  for n in range(1, 12):
+    assert os.path.getsize(tmp_path / 'figures' / f'claim{n}.png') > 1000
+  for path in claims.figure_paths(str(tmp_path / 'figures')).values():
+    assert os.path.getsize(path) > 1000, path
+
+
 def test_the_previous_verdicts_are_read_from_that_page(in_repo):
   before = claims.previous_verdicts(claims.PREVIOUS_PAGE)
   assert sorted(before) == list(range(1, 12))
