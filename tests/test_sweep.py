@@ -409,6 +409,44 @@ def test_a_sweep_re_times_its_finished_synchronous_runs_once(tmp_path, nano_file
   assert not os.path.exists(tmp_path / 'other')
 
 
+def test_a_warm_start_is_found_inside_the_run_it_starts_from(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  out = 'sweep'
+  runs = [Run('base/seed1', 'c.py'), Run('base/seed10', 'c.py'),
+          Run('warm', 'c.py', {'init_from': os.path.join(out, 'base', 'seed1', 'checkpoints',
+                                                         '5')}),
+          Run('abs', 'c.py', {'init_from': str(tmp_path / out / 'base' / 'seed10')}),
+          Run('outside', 'c.py', {'init_from': str(tmp_path / 'elsewhere' / 'base')}),
+          Run('self', 'c.py', {'init_from': os.path.join(out, 'self', 'checkpoints')})]
+  assert sweep.starts_from(runs, out) == {'warm': {'base/seed1'}, 'abs': {'base/seed10'}}
+  # --set init_from applies to every run, after its own keys.
+  assert sweep.starts_from(runs[:2], out, {'init_from': os.path.join(out, 'base', 'seed1')}
+                           ) == {'base/seed10': {'base/seed1'}}
+  todo = [[runs[2]], [runs[0], runs[1]], [runs[3]]]
+  needs = sweep.starts_from(runs, out)
+  assert sweep._next_ready(todo, {'base/seed1', 'base/seed10'}, needs) == runs[:2]
+  assert sweep._next_ready(todo, {'base/seed1', 'base/seed10'}, needs) is None
+  assert sweep._next_ready(todo, set(), needs) == [runs[2]]
+
+
+@pytest.mark.slow
+def test_a_parallel_sweep_launches_a_warm_start_after_the_run_it_starts_from(
+    tmp_path, nano_file):
+  """Listed first and with a free slot, the warm start still waits for its base run to
+  end (its checkpoint would not exist yet), then trains from it."""
+  out = str(tmp_path / 'sweep')
+  spec = _spec(tmp_path, f"[Run('warm', {nano_file!r}, {{'init_from': "
+                         f"{os.path.join(out, 'base')!r}}}), Run('base', {nano_file!r})]")
+  first = _sweep_cli(spec, f'--out={out}', '--parallel=2', '--no_report',
+                     '--progress_every=0')
+  assert first.returncode == 0, first.stdout + first.stderr
+  said = [x.split()[:2] for x in first.stdout.splitlines()
+          if x.startswith(('start ', 'finished '))]      # the summary's lines are indented
+  assert said == [['start', 'base'], ['finished', 'base'], ['start', 'warm'],
+                  ['finished', 'warm']], first.stdout
+  assert 'warm start from' in open(os.path.join(out, 'warm', 'log.txt')).read()
+
+
 @pytest.mark.slow
 def test_batch_runs_trains_compatible_runs_in_one_process(tmp_path, nano_file):
   out = str(tmp_path / 'sweep')

@@ -46,7 +46,8 @@ for its jobs. `--launcher=submitit_local` runs those jobs on this machine.
 
 Runs execute `--parallel` at a time on this machine (or as jobs at once). On a CPU each
 run already uses every core, so `--parallel=1` is the fastest there; use more on a
-many-core host.
+many-core host. A run whose `init_from` lies in another run's workdir (a warm start from
+that run's checkpoint) launches after that run has ended.
 
 `--batch_runs=N` trains up to N runs that differ only in seed and the run knobs (inner
 lr, weight decay, outer lr: `loco.run.run_axis`) in one process and one compiled program
@@ -528,6 +529,31 @@ def batches(runs: Sequence[Run], cmds: Mapping[str, list[str]],
   return [members for _, members in groups]
 
 
+def starts_from(runs: Sequence[Run], out: str, extra: dict[str, Any] | None = None
+                ) -> dict[str, set[str]]:
+  """Per run, the runs of the sweep it starts from: its `init_from` (a warm start) lies in
+  their workdir. A sweep launches a run after those have ended, also with --parallel."""
+  workdirs = {r.name: os.path.realpath(os.path.join(out, r.name)) for r in runs}
+  found: dict[str, set[str]] = {}
+  for r in runs:
+    path = {**r.overrides, **(extra or {})}.get('init_from')
+    if not path:
+      continue
+    path = os.path.realpath(path if os.path.isabs(path) else os.path.join(os.getcwd(), path))
+    found[r.name] = {n for n, w in workdirs.items()
+                     if n != r.name and (path == w or path.startswith(w + os.sep))}
+  return {n: deps for n, deps in found.items() if deps}
+
+
+def _next_ready(todo: list[list[Run]], waiting: set[str], needs: Mapping[str, set[str]]
+                ) -> list[Run] | None:
+  """Pops the first group none of whose runs starts from a run in `waiting` (not ended)."""
+  for i, group in enumerate(todo):
+    if not any(needs.get(r.name, set()) & waiting for r in group):
+      return todo.pop(i)
+  return None
+
+
 def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
               extra: dict[str, Any] | None = None, retry_failed: bool = False,
               dry_run: bool = False, spec: str | None = None, report: bool = True,
@@ -601,6 +627,7 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
   for name in results:
     say(f'skip    {name:<{width}}  {plans[name][1]}')
   todo = batches([r for r in runs if r.name not in results], cmds, batch_runs)
+  needs = starts_from(runs, out, extra)
   active: list[_Active] = []
   code = 0
   # Each running run's progress, from its metrics.jsonl; lines said while runs train go
@@ -611,7 +638,12 @@ def run_sweep(runs: Sequence[Run], out: str, parallel: int = 1,
   try:
     while todo or active:
       while todo and len(active) < parallel:
-        group = todo.pop(0)
+        # A warm start waits for the run it starts from (when nothing else is left to
+        # wait on, as in a cycle, the first group goes).
+        waiting = {r.name for g in todo for r in g} | {r.name for a in active for r in a.runs}
+        group = _next_ready(todo, waiting, needs) or (None if active else todo.pop(0))
+        if group is None:
+          break
         active.append(_Active(group, cmds, out, jobs))
         for r in group:
           following[r.name] = progress_lib.Follower(os.path.join(out, r.name), time.time())
