@@ -257,6 +257,23 @@ def test_the_claims_command_checks_the_corpus_and_packs_what_finished(tmp_path):
   assert not any('checkpoints' in n or 'tensorboard' in n for n in names)
   finished = [s for s in statuses if s['state'] == 'finished']
   assert finished and all(s['host'] == 'the test' for s in finished)
+  # --from: another lease goes on from those runs; they are not trained again, and only
+  # what ended in this lease comes back.
+  out = _command(['bash', 'scripts/device/claims.sh', f'--out={tmp_path / "c"}',
+                  f'--runs={tmp_path / "runs_c"}', '--minutes=0.5', '--quick',
+                  f'--from={tmp_path / "b" / "claims_runs.tgz"}'], **env)
+  assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+  assert f'{len(statuses)} runs added' in out.stdout, out.stdout
+  log = (tmp_path / 'c' / 'claims.log').read_text()
+  skipped = {line.split()[1] for line in log.splitlines() if line.startswith('skip ')}
+  packed = {n.rsplit('/', 1)[0].split('/', 1)[1] for n in names if n.endswith('status.json')}
+  assert packed <= skipped, packed - skipped
+  with tarfile.open(tmp_path / 'c' / 'claims_runs.tgz') as tar:
+    again = {n for n in tar.getnames() if n.endswith('status.json')}
+  assert not again & {n for n in names if n.endswith('status.json')}
+  line = _one_line(_command(['bash', 'scripts/device/claims.sh', f'--out={tmp_path / "d"}',
+                             f'--from={tmp_path / "none.tgz"}']))
+  assert line == f'claims.sh: error: --from {tmp_path / "none.tgz"} is not a file.', line
 
 
 def test_what_travels_covers_every_dependency_the_image_lacks():

@@ -4,7 +4,15 @@
 # finished runs) and writes docs/claims.md.
 #
 #   bash scripts/device/claims.sh --out=DIR [--minutes=8] [--runs=/tmp/loco_runs/claims70] \
-#       [launch.claims flags, e.g. --parallel=12 --batch_runs=6]
+#       [--from=.whl/claims_from.tgz] [launch.claims flags, e.g. --parallel=12 --batch_runs=6]
+#
+# --from continues this machine's study there: the ended runs packed here
+# (`python scripts/device/runs_pack.py pack --runs=runs/claims70 --dest=.whl/claims_from.tgz`,
+# carried with .whl) are unpacked first, so the host trains what is left (the rest of the
+# tuning, then the finals, a warm start after its DDP run). After --minutes the finished
+# finals are scored there (their models do not travel), and only the runs that ended
+# there come back; `runs_pack.py merge --src=OUT/claims_runs.tgz` adds them here (stop
+# launch.claims first).
 #
 # Before, where pip and the published corpus are: scripts/device/prepare_wheels.py (the
 # wheels the image lacks) and scripts/device/pack_stdlib.py (CPython 3.11's stdlib and its
@@ -12,22 +20,27 @@
 # the run stops before training if the corpus's sha256 differs from the packed one. The
 # device trains at float32 matmul precision (JAX_DEFAULT_MATMUL_PRECISION=highest, not the
 # H100's TF32 default; docs/gpu.md measures both against the CPU). After --minutes the
-# runs are interrupted as by Ctrl-C; finished runs, without checkpoints or event files,
-# are packed into DIR/claims_runs.tgz with the log (DIR/claims.log) and the host's facts.
+# runs are interrupted as by Ctrl-C; the runs that ended (finished or diverged; a final
+# once scored), without checkpoints or event files, are packed into DIR/claims_runs.tgz
+# with the log (DIR/claims.log) and the host's facts.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT='' MINUTES=8 RUNS=/tmp/loco_runs/claims70 PASS=()
+OUT='' MINUTES=8 RUNS=/tmp/loco_runs/claims70 FROM='' PASS=()
 for arg in "$@"; do
   case "$arg" in
     --out=*) OUT="${arg#--out=}" ;;
     --minutes=*) MINUTES="${arg#--minutes=}" ;;
     --runs=*) RUNS="${arg#--runs=}" ;;
+    --from=*) FROM="${arg#--from=}" ;;
     *) PASS+=("$arg") ;;
   esac
 done
 if [[ -z "$OUT" ]]; then echo "claims.sh: error: --out=DIR is required." >&2; exit 2; fi
 if ! [[ "$MINUTES" =~ ^[0-9]+([.][0-9]+)?$ ]]; then
   echo "claims.sh: error: --minutes must be a number, got '$MINUTES'." >&2; exit 2
+fi
+if [[ -n "$FROM" && ! -f "$FROM" ]]; then
+  echo "claims.sh: error: --from $FROM is not a file." >&2; exit 2
 fi
 mkdir -p "$OUT"
 source scripts/device/setup.sh
@@ -62,15 +75,28 @@ PYEOF
   "$PY" -c 'import jax, sys; print(sys.version.split()[0], jax.__version__, jax.devices())'
 } > "$OUT/host.txt" 2>&1 || true
 
+mkdir -p "$RUNS"
+if [[ -n "$FROM" ]]; then
+  "$PY" scripts/device/runs_pack.py merge --runs="$RUNS" --src="$FROM"
+fi
+stamp="$OUT/.started"
+touch "$stamp"
 start=$(date +%s)
 set +e
 timeout -s INT -k 30 "${MINUTES}m" "$PY" -m launch.claims --out="$RUNS" "${PASS[@]}" \
   > "$OUT/claims.log" 2>&1
 code=$?
-set -e
 echo "claims.sh: launch.claims ended with $code after $(( $(date +%s) - start )) s" \
   "(124 or 130: stopped at --minutes)" | tee -a "$OUT/claims.log"
-tar czf "$OUT/claims_runs.tgz" --exclude=checkpoints --exclude=tensorboard --exclude=.lock \
-  -C "$RUNS" .
+# Score the finals that finished (no training; a final left unscored stays here and
+# trains again where the study goes on). The page and its figures stay out of OUT.
+timeout -s INT -k 10 90s "$PY" -m launch.claims --out="$RUNS" --page_only \
+  --page=/tmp/loco_claims_page/claims.md "${PASS[@]}" >> "$OUT/claims.log" 2>&1
+echo "claims.sh: scoring ended with $? (1: the tuning has not finished)" \
+  | tee -a "$OUT/claims.log"
+set -e
+"$PY" scripts/device/runs_pack.py pack --runs="$RUNS" --dest="$OUT/claims_runs.tgz" \
+  --newer="$stamp"
+rm -f "$stamp"
 ls -la "$OUT"
 tail -5 "$OUT/claims.log"

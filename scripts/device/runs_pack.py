@@ -1,0 +1,165 @@
+"""Moves a study's ended runs between this machine and a GPU host, without checkpoints.
+
+  python scripts/device/runs_pack.py pack --runs=runs/claims70 --dest=.whl/claims_from.tgz
+  python scripts/device/runs_pack.py merge --runs=runs/claims70 --src=OUT/claims_runs.tgz
+
+A run travels when it has ended: finished, or diverged (diverged.json). A finished run
+under a `final/` folder travels only once `loco.evaluate` has scored its last step (its
+model stays behind, so it could not be scored where it lands). Checkpoints, event files
+and locks never travel. `pack --newer=FILE` packs only the runs whose status.json is
+newer than FILE (what a lease trained). `merge` unpacks into --runs every packed run that
+has not ended there, replacing an unfinished copy (its checkpoints included: they belong
+to a run that the packed one supersedes), and keeps the runs that ended there.
+
+Stop the study (`launch.claims`) before a merge: it must not train a run being replaced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tarfile
+from typing import Sequence
+
+PROG = 'runs_pack.py'
+SKIP = ('checkpoints', 'tensorboard', '.lock')
+FINALS = 'final'
+# Plain files and folders inside the destination only (tarfile's 'data' filter).
+SAFE = {'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}
+
+
+def _json(path: str):
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return None
+
+
+def _last_step(workdir: str) -> int | None:
+  last = None
+  try:
+    with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+      for line in f:
+        try:
+          last = json.loads(line).get('step', last)
+        except ValueError:
+          pass
+  except OSError:
+    return None
+  return last
+
+
+def ended(workdir: str, rel: str) -> bool:
+  """Whether the run at `workdir` (`rel` inside the study) may travel."""
+  if os.path.isfile(os.path.join(workdir, 'diverged.json')):
+    return True
+  if (_json(os.path.join(workdir, 'status.json')) or {}).get('state') != 'finished':
+    return False
+  if FINALS not in rel.split(os.sep):
+    return True
+  evals = os.path.join(workdir, 'evals')
+  step = _last_step(workdir)
+  return os.path.isdir(evals) and step is not None and any(
+      (_json(os.path.join(evals, f)) or {}).get('step') == step
+      for f in os.listdir(evals) if f.endswith('.json'))
+
+
+def workdirs(root: str) -> list[str]:
+  """Every run folder (one with a status.json) under `root`, relative to it."""
+  found = []
+  for here, dirs, files in os.walk(root):
+    dirs[:] = sorted(d for d in dirs if d not in SKIP)
+    if 'status.json' in files:     # a run: what is inside it travels with it
+      found.append(os.path.relpath(here, root))
+      dirs[:] = []
+  return found
+
+
+def pack(runs: str, dest: str, newer: str | None = None) -> int:
+  """Packs the ended runs under `runs` into `dest`; returns how many."""
+  since = os.path.getmtime(newer) if newer else None
+  chosen = [rel for rel in workdirs(runs) if ended(os.path.join(runs, rel), rel) and (
+      since is None or os.path.getmtime(os.path.join(runs, rel, 'status.json')) > since)]
+  os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+  with tarfile.open(dest + '.part', 'w:gz') as tar:
+    for rel in chosen:
+      tar.add(os.path.join(runs, rel), arcname=rel,
+              filter=lambda t: None if os.path.basename(t.name) in SKIP else t)
+  os.replace(dest + '.part', dest)
+  return len(chosen)
+
+
+def merge(runs: str, src: str) -> tuple[int, int, int]:
+  """Unpacks into `runs` the packed runs that have not ended there; returns (added,
+  replaced, kept)."""
+  with tarfile.open(src) as tar:
+    members = tar.getmembers()
+    for m in members:
+      parts = m.name.split('/')
+      if m.name.startswith('/') or '..' in parts or not (m.isfile() or m.isdir()):
+        raise ValueError(f'{src} holds {m.name!r}, which is not a plain path inside it.')
+    packed = sorted({os.path.dirname(m.name) for m in members
+                     if os.path.basename(m.name) == 'status.json'})
+    packed = [p for p in packed if not any(p.startswith(q + '/') for q in packed if q != p)]
+    added = replaced = kept = 0
+    for rel in packed:
+      target = os.path.join(runs, rel)
+      if os.path.isdir(target) and ended(target, rel):
+        kept += 1
+        continue
+      if os.path.isdir(target):
+        shutil.rmtree(target)
+        replaced += 1
+      else:
+        added += 1
+      for m in members:
+        if m.name == rel or m.name.startswith(rel + '/'):
+          tar.extract(m, runs, **SAFE)
+  return added, replaced, kept
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = parser.add_subparsers(dest='what', required=True)
+  p = sub.add_parser('pack')
+  p.add_argument('--runs', required=True)
+  p.add_argument('--dest', required=True)
+  p.add_argument('--newer', help='only runs whose status.json is newer than this file')
+  m = sub.add_parser('merge')
+  m.add_argument('--runs', required=True)
+  m.add_argument('--src', required=True)
+  args = parser.parse_args(argv)
+  try:
+    if not os.path.isdir(args.runs):
+      raise ValueError(f'--runs {args.runs} is not a directory.')
+    if args.what == 'pack':
+      if args.newer and not os.path.exists(args.newer):
+        raise ValueError(f'--newer {args.newer} does not exist.')
+      n = pack(args.runs, args.dest, args.newer)
+      print(f'{PROG}: packed {n} ended runs of {args.runs} into {args.dest}')
+    else:
+      if not os.path.isfile(args.src):
+        raise ValueError(f'--src {args.src} is not a file.')
+      added, replaced, kept = merge(args.runs, args.src)
+      print(f'{PROG}: {added} runs added to {args.runs}, {replaced} unfinished ones '
+            f'replaced, {kept} kept (they had ended here)')
+  except tarfile.TarError as e:     # its message spans lines
+    print(f'{PROG}: error: {getattr(args, "src", args.runs)} is not a readable gzip tar '
+          f'archive ({type(e).__name__}).', file=sys.stderr)
+    return 1
+  except (ValueError, OSError) as e:
+    print(f'{PROG}: error: {e}', file=sys.stderr)
+    return 1
+  except KeyboardInterrupt:
+    print(f'{PROG}: error: interrupted.', file=sys.stderr)
+    return 130
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

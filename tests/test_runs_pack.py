@@ -1,0 +1,124 @@
+"""scripts/device/runs_pack.py: a study's ended runs travel without their models."""
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'scripts', 'device'))
+import runs_pack  # noqa: E402  pylint: disable=g-import-not-at-top
+
+
+def _run(root, rel, state='finished', steps=(15, 30), scored_step=None, diverged=False,
+         checkpoint=True):
+  d = os.path.join(root, rel)
+  os.makedirs(d)
+  with open(os.path.join(d, 'status.json'), 'w') as f:
+    json.dump({'state': state, 'host': 'here'}, f)
+  with open(os.path.join(d, 'metrics.jsonl'), 'w') as f:
+    f.writelines(json.dumps({'step': s, 'train_loss': 2.0}) + '\n' for s in steps)
+  if checkpoint:
+    os.makedirs(os.path.join(d, 'checkpoints', str(steps[-1])))
+    open(os.path.join(d, 'checkpoints', str(steps[-1]), 'state'), 'w').write('model')
+    os.makedirs(os.path.join(d, 'tensorboard'))
+    open(os.path.join(d, 'tensorboard', 'events'), 'w').write('e')
+  if scored_step is not None:
+    os.makedirs(os.path.join(d, 'evals'))
+    with open(os.path.join(d, 'evals', 'validation_512x16.json'), 'w') as f:
+      json.dump({'step': scored_step, 'loss': 2.0}, f)
+  if diverged:
+    with open(os.path.join(d, 'diverged.json'), 'w') as f:
+      json.dump({'step': 7, 'message': 'exploded'}, f)
+  return d
+
+
+def _names(path):
+  with tarfile.open(path) as tar:
+    return set(tar.getnames())
+
+
+def test_only_ended_runs_travel_and_never_their_models(tmp_path):
+  root = str(tmp_path / 'study')
+  _run(root, 'tune/ddp/lr0.003')
+  _run(root, 'tune/ddp/lr0.006', state='failed', diverged=True)
+  _run(root, 'tune/ddp/lr0.012', state='running')
+  _run(root, 'tune/ddp/lr0.024', state='failed')            # not diverged: trains again
+  _run(root, 'final/ddp/seed1', scored_step=30)
+  _run(root, 'final/ddp/seed2', scored_step=15)              # scored before its last step
+  _run(root, 'final/ddp/seed3')                              # finished, not scored
+  dest = str(tmp_path / 'out' / 'runs.tgz')
+  assert runs_pack.pack(root, dest) == 3
+  names = _names(dest)
+  runs = {n.rsplit('/', 1)[0] for n in names if n.endswith('status.json')}
+  assert runs == {'tune/ddp/lr0.003', 'tune/ddp/lr0.006', 'final/ddp/seed1'}
+  assert 'final/ddp/seed1/evals/validation_512x16.json' in names
+  assert 'tune/ddp/lr0.006/diverged.json' in names
+  assert not any('checkpoints' in n or 'tensorboard' in n for n in names), names
+  # --newer: only what ended after the stamp (what a lease trained).
+  stamp = tmp_path / 'stamp'
+  stamp.write_text('')
+  later = time.time() + 5
+  os.utime(os.path.join(root, 'tune/ddp/lr0.003', 'status.json'), (later, later))
+  assert runs_pack.pack(root, dest, str(stamp)) == 1
+  assert {n for n in _names(dest) if n.endswith('status.json')} == {
+      'tune/ddp/lr0.003/status.json'}
+
+
+def test_a_merge_adds_and_replaces_what_has_not_ended_and_keeps_what_has(tmp_path):
+  there, here = str(tmp_path / 'there'), str(tmp_path / 'here')
+  for rel in ('tune/a/x', 'tune/a/y', 'tune/a/z'):
+    _run(there, rel, steps=(15, 30, 45))
+  _run(there, 'final/ddp/seed1', scored_step=30)
+  packed = str(tmp_path / 'runs.tgz')
+  assert runs_pack.pack(there, packed) == 4
+  _run(here, 'tune/a/y', state='running', steps=(15,))        # half-trained here
+  _run(here, 'tune/a/z', steps=(15, 30))                      # ended here: kept
+  assert runs_pack.merge(here, packed) == (2, 1, 1)
+  for rel in ('tune/a/x', 'tune/a/y', 'final/ddp/seed1'):
+    assert json.load(open(os.path.join(here, rel, 'status.json')))['state'] == 'finished'
+  assert runs_pack._last_step(os.path.join(here, 'tune/a/y')) == 45
+  assert not os.path.exists(os.path.join(here, 'tune/a/y', 'checkpoints'))   # the old one's
+  assert runs_pack._last_step(os.path.join(here, 'tune/a/z')) == 30
+  assert os.path.isdir(os.path.join(here, 'tune/a/z', 'checkpoints'))
+  assert runs_pack.merge(here, packed) == (0, 0, 4)           # a second merge: nothing
+
+
+def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
+  bad = tmp_path / 'bad.tgz'
+  with tarfile.open(bad, 'w:gz') as tar:
+    data = b'{}'
+    info = tarfile.TarInfo('../escape/status.json')
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+  (tmp_path / 'runs').mkdir()
+  (tmp_path / 'junk.tgz').write_text('not a tar file')
+  cases = [
+      (['merge', f'--runs={tmp_path / "runs"}', f'--src={bad}'], 'not a plain path'),
+      (['merge', f'--runs={tmp_path / "runs"}', f'--src={tmp_path / "junk.tgz"}'], 'error'),
+      (['merge', f'--runs={tmp_path / "runs"}', f'--src={tmp_path / "none.tgz"}'],
+       'is not a file'),
+      (['pack', f'--runs={tmp_path / "none"}', f'--dest={tmp_path / "x.tgz"}'],
+       'is not a directory'),
+      (['pack', f'--runs={tmp_path / "runs"}', f'--dest={tmp_path / "x.tgz"}',
+        f'--newer={tmp_path / "none"}'], 'does not exist'),
+  ]
+  for args, says in cases:
+    out = subprocess.run([sys.executable, 'scripts/device/runs_pack.py', *args], cwd=ROOT,
+                         capture_output=True, text=True)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode != 0 and len(lines) == 1, (args, out.stderr)
+    assert lines[0].startswith('runs_pack.py: error: ') and says in lines[0], lines
+  assert not os.path.exists(tmp_path / 'escape')
+
+
+@pytest.mark.parametrize('what', ['pack', 'merge'])
+def test_the_usage_names_both_commands(what):
+  out = subprocess.run([sys.executable, 'scripts/device/runs_pack.py', what, '--help'],
+                       cwd=ROOT, capture_output=True, text=True)
+  assert out.returncode == 0 and '--runs' in out.stdout
