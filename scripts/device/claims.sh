@@ -3,13 +3,14 @@
 # minutes as the lease allows; the same command on a CPU machine resumes them (it skips
 # finished runs) and writes docs/claims.md.
 #
-#   bash scripts/device/claims.sh --out=DIR [--minutes=8] [--runs=/tmp/loco_runs/claims70] \
+#   bash scripts/device/claims.sh --out=DIR [--minutes=8] [--runs=DIR] \
 #       [--from=.whl/claims_from.tgz] [launch.claims flags, e.g. --parallel=12 --batch_runs=6]
 #
 # --from continues this machine's study there: the ended runs packed here
 # (`python scripts/device/runs_pack.py pack --runs=runs/claims70 --dest=.whl/claims_from.tgz`,
 # carried with .whl) are unpacked first, so the host trains what is left (the rest of the
-# tuning, then the finals, a warm start after its DDP run). After --minutes the finished
+# tuning, then the finals, a warm start after its DDP run), in runs/claims70 as here
+# (--runs' default with --from; /tmp/loco_runs/claims70 without). After --minutes the finished
 # finals are scored there (their models do not travel), and only the runs that ended
 # there come back; `runs_pack.py merge --src=OUT/claims_runs.tgz` adds them here (stop
 # launch.claims first).
@@ -25,7 +26,7 @@
 # with the log (DIR/claims.log) and the host's facts.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT='' MINUTES=8 RUNS=/tmp/loco_runs/claims70 FROM='' PASS=()
+OUT='' MINUTES=8 RUNS='' FROM='' PASS=()
 for arg in "$@"; do
   case "$arg" in
     --out=*) OUT="${arg#--out=}" ;;
@@ -41,6 +42,11 @@ if ! [[ "$MINUTES" =~ ^[0-9]+([.][0-9]+)?$ ]]; then
 fi
 if [[ -n "$FROM" && ! -f "$FROM" ]]; then
   echo "claims.sh: error: --from $FROM is not a file." >&2; exit 2
+fi
+# Going on from this machine's runs, the runs live where they do here: a warm start's
+# init_from names that path, and a final trained with another would not match its keys.
+if [[ -z "$RUNS" ]]; then
+  if [[ -n "$FROM" ]]; then RUNS=runs/claims70; else RUNS=/tmp/loco_runs/claims70; fi
 fi
 mkdir -p "$OUT"
 source scripts/device/setup.sh
