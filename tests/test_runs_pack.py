@@ -53,7 +53,7 @@ def test_only_ended_runs_travel_and_never_their_models(tmp_path):
   _run(root, 'final/ddp/seed2', scored_step=15)              # scored before its last step
   _run(root, 'final/ddp/seed3')                              # finished, not scored
   dest = str(tmp_path / 'out' / 'runs.tgz')
-  assert runs_pack.pack(root, dest) == 3
+  assert runs_pack.pack(root, dest) == (3, [dest])
   names = _names(dest)
   runs = {n.rsplit('/', 1)[0] for n in names if n.endswith('status.json')}
   assert runs == {'tune/ddp/lr0.003', 'tune/ddp/lr0.006', 'final/ddp/seed1'}
@@ -65,7 +65,7 @@ def test_only_ended_runs_travel_and_never_their_models(tmp_path):
   stamp.write_text('')
   later = time.time() + 5
   os.utime(os.path.join(root, 'tune/ddp/lr0.003', 'status.json'), (later, later))
-  assert runs_pack.pack(root, dest, str(stamp)) == 1
+  assert runs_pack.pack(root, dest, str(stamp))[0] == 1
   assert {n for n in _names(dest) if n.endswith('status.json')} == {
       'tune/ddp/lr0.003/status.json'}
 
@@ -76,7 +76,7 @@ def test_a_merge_adds_and_replaces_what_has_not_ended_and_keeps_what_has(tmp_pat
     _run(there, rel, steps=(15, 30, 45))
   _run(there, 'final/ddp/seed1', scored_step=30)
   packed = str(tmp_path / 'runs.tgz')
-  assert runs_pack.pack(there, packed) == 4
+  assert runs_pack.pack(there, packed)[0] == 4
   _run(here, 'tune/a/y', state='running', steps=(15,))        # half-trained here
   _run(here, 'tune/a/z', steps=(15, 30))                      # ended here: kept
   assert runs_pack.merge(here, packed) == (2, 1, 1)
@@ -87,6 +87,26 @@ def test_a_merge_adds_and_replaces_what_has_not_ended_and_keeps_what_has(tmp_pat
   assert runs_pack._last_step(os.path.join(here, 'tune/a/z')) == 30
   assert os.path.isdir(os.path.join(here, 'tune/a/z', 'checkpoints'))
   assert runs_pack.merge(here, packed) == (0, 0, 4)           # a second merge: nothing
+
+
+def test_a_large_pack_goes_on_in_parts_that_merge_as_one(tmp_path):
+  there, here = str(tmp_path / 'there'), str(tmp_path / 'here')
+  for i in range(3):
+    _run(there, f'tune/a/r{i}')
+  dest = str(tmp_path / 'out' / 'runs.tgz')
+  n, parts = runs_pack.pack(there, dest, part_mb=1e-6)       # a run per archive
+  assert n == 3 and parts == [dest, str(tmp_path / 'out' / 'runs-2.tgz'),
+                              str(tmp_path / 'out' / 'runs-3.tgz')]
+  assert [len({x for x in _names(p) if x.endswith('status.json')}) for p in parts] == [1] * 3
+  assert runs_pack.pack(there, dest) == (3, [dest])          # the old parts are gone
+  assert sorted(os.listdir(tmp_path / 'out')) == ['runs.tgz']
+  runs_pack.pack(there, dest, part_mb=1e-6)
+  out = subprocess.run([sys.executable, 'scripts/device/runs_pack.py', 'merge',
+                        f'--runs={here}', '--src', *parts], cwd=ROOT, capture_output=True,
+                       text=True)
+  assert out.returncode == 0, out.stderr
+  assert sorted(os.listdir(os.path.join(here, 'tune', 'a'))) == ['r0', 'r1', 'r2']
+  assert out.stdout.count('1 runs added') == 3
 
 
 def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
@@ -107,6 +127,8 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
        'is not a directory'),
       (['pack', f'--runs={tmp_path / "runs"}', f'--dest={tmp_path / "x.tgz"}',
         f'--newer={tmp_path / "none"}'], 'does not exist'),
+      (['pack', f'--runs={tmp_path / "runs"}', f'--dest={tmp_path / "x.tgz"}',
+        '--part_mb=0'], 'must be positive'),
   ]
   for args, says in cases:
     out = subprocess.run([sys.executable, 'scripts/device/runs_pack.py', *args], cwd=ROOT,

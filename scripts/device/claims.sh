@@ -12,7 +12,7 @@
 # tuning, then the finals, a warm start after its DDP run), in runs/claims70 as here
 # (--runs' default with --from; /tmp/loco_runs/claims70 without). After --minutes the finished
 # finals are scored there (their models do not travel), and only the runs that ended
-# there come back; `runs_pack.py merge --src=OUT/claims_runs.tgz` adds them here (stop
+# there come back; `runs_pack.py merge --src OUT/claims_runs*.tgz` adds them here (stop
 # launch.claims first).
 #
 # Before, where pip and the published corpus are: scripts/device/prepare_wheels.py (the
@@ -23,7 +23,8 @@
 # H100's TF32 default; docs/gpu.md measures both against the CPU). After --minutes the
 # runs are interrupted as by Ctrl-C; the runs that ended (finished or diverged; a final
 # once scored), without checkpoints or event files, are packed into DIR/claims_runs.tgz
-# with the log (DIR/claims.log) and the host's facts.
+# (then claims_runs-2.tgz, ... past 15 MB each) with the log (DIR/claims.log) and the
+# host's facts.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT='' MINUTES=8 RUNS='' FROM='' PASS=()

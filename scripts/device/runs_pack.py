@@ -1,7 +1,7 @@
 """Moves a study's ended runs between this machine and a GPU host, without checkpoints.
 
   python scripts/device/runs_pack.py pack --runs=runs/claims70 --dest=.whl/claims_from.tgz
-  python scripts/device/runs_pack.py merge --runs=runs/claims70 --src=OUT/claims_runs.tgz
+  python scripts/device/runs_pack.py merge --runs=runs/claims70 --src OUT/claims_runs*.tgz
 
 A run travels when it has ended: finished, or diverged (diverged.json). A finished run
 under a `final/` folder travels only once `loco.evaluate` has scored its last step (its
@@ -9,7 +9,9 @@ model stays behind, so it could not be scored where it lands). Checkpoints, even
 and locks never travel. `pack --newer=FILE` packs only the runs whose status.json is
 newer than FILE (what a lease trained). `merge` unpacks into --runs every packed run that
 has not ended there, replacing an unfinished copy (its checkpoints included: they belong
-to a run that the packed one supersedes), and keeps the runs that ended there.
+to a run that the packed one supersedes), and keeps the runs that ended there. A pack
+past --part_mb MB goes on in DEST-2.tgz, DEST-3.tgz, ... (a host returns files up to a
+size); merge takes them all.
 
 Stop the study (`launch.claims`) before a merge: it must not train a run being replaced.
 """
@@ -79,18 +81,49 @@ def workdirs(root: str) -> list[str]:
   return found
 
 
-def pack(runs: str, dest: str, newer: str | None = None) -> int:
-  """Packs the ended runs under `runs` into `dest`; returns how many."""
+def part_path(dest: str, i: int) -> str:
+  """The i-th archive (from 1) of a pack: DEST, then DEST's stem with -2, -3, ..."""
+  if i == 1:
+    return dest
+  stem, ext = (dest[:-4], '.tgz') if dest.endswith('.tgz') else (dest, '')
+  return f'{stem}-{i}{ext}'
+
+
+def pack(runs: str, dest: str, newer: str | None = None, part_mb: float = 15.0
+         ) -> tuple[int, list[str]]:
+  """Packs the ended runs under `runs` into `dest`, starting another archive
+  (`part_path`) once one passes `part_mb` MB compressed (a host returns files up to a
+  size); returns (runs packed, the archives)."""
   since = os.path.getmtime(newer) if newer else None
   chosen = [rel for rel in workdirs(runs) if ended(os.path.join(runs, rel), rel) and (
       since is None or os.path.getmtime(os.path.join(runs, rel, 'status.json')) > since)]
   os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
-  with tarfile.open(dest + '.part', 'w:gz') as tar:
-    for rel in chosen:
-      tar.add(os.path.join(runs, rel), arcname=rel,
-              filter=lambda t: None if os.path.basename(t.name) in SKIP else t)
-  os.replace(dest + '.part', dest)
-  return len(chosen)
+  parts: list[str] = []
+
+  def start():
+    parts.append(part_path(dest, len(parts) + 1))
+    raw = open(parts[-1] + '.part', 'wb')
+    return raw, tarfile.open(fileobj=raw, mode='w:gz')
+
+  raw, tar = start()
+  held = 0            # runs in the current archive
+  for rel in chosen:
+    if held and raw.tell() > part_mb * 1e6:
+      tar.close()
+      raw.close()
+      raw, tar = start()
+      held = 0
+    held += 1
+    tar.add(os.path.join(runs, rel), arcname=rel,
+            filter=lambda t: None if os.path.basename(t.name) in SKIP else t)
+  tar.close()
+  raw.close()
+  for i in range(len(parts) + 1, len(parts) + 100):     # a smaller earlier pack's parts
+    if os.path.exists(part_path(dest, i)):
+      os.remove(part_path(dest, i))
+  for p in parts:
+    os.replace(p + '.part', p)
+  return len(chosen), parts
 
 
 def merge(runs: str, src: str) -> tuple[int, int, int]:
@@ -130,27 +163,36 @@ def main(argv: Sequence[str] | None = None) -> int:
   p.add_argument('--runs', required=True)
   p.add_argument('--dest', required=True)
   p.add_argument('--newer', help='only runs whose status.json is newer than this file')
+  p.add_argument('--part_mb', type=float, default=15.0,
+                 help='start another archive (DEST-2.tgz, ...) past this many MB')
   m = sub.add_parser('merge')
   m.add_argument('--runs', required=True)
-  m.add_argument('--src', required=True)
+  m.add_argument('--src', required=True, nargs='+', help='one archive or more (parts)')
   args = parser.parse_args(argv)
   try:
+    if args.what == 'merge':
+      for src in args.src:
+        if not os.path.isfile(src):
+          raise ValueError(f'--src {src} is not a file.')
+      os.makedirs(args.runs, exist_ok=True)
     if not os.path.isdir(args.runs):
       raise ValueError(f'--runs {args.runs} is not a directory.')
     if args.what == 'pack':
       if args.newer and not os.path.exists(args.newer):
         raise ValueError(f'--newer {args.newer} does not exist.')
-      n = pack(args.runs, args.dest, args.newer)
-      print(f'{PROG}: packed {n} ended runs of {args.runs} into {args.dest}')
+      if not args.part_mb > 0:
+        raise ValueError(f'--part_mb must be positive, got {args.part_mb}.')
+      n, parts = pack(args.runs, args.dest, args.newer, args.part_mb)
+      print(f'{PROG}: packed {n} ended runs of {args.runs} into {", ".join(parts)}')
     else:
-      if not os.path.isfile(args.src):
-        raise ValueError(f'--src {args.src} is not a file.')
-      added, replaced, kept = merge(args.runs, args.src)
-      print(f'{PROG}: {added} runs added to {args.runs}, {replaced} unfinished ones '
-            f'replaced, {kept} kept (they had ended here)')
+      for src in args.src:
+        args.current = src
+        added, replaced, kept = merge(args.runs, src)
+        print(f'{PROG}: {src}: {added} runs added to {args.runs}, {replaced} unfinished '
+              f'ones replaced, {kept} kept (they had ended here)')
   except tarfile.TarError as e:     # its message spans lines
-    print(f'{PROG}: error: {getattr(args, "src", args.runs)} is not a readable gzip tar '
-          f'archive ({type(e).__name__}).', file=sys.stderr)
+    print(f'{PROG}: error: {getattr(args, "current", args.runs)} is not a readable gzip '
+          f'tar archive ({type(e).__name__}).', file=sys.stderr)
     return 1
   except (ValueError, OSError) as e:
     print(f'{PROG}: error: {e}', file=sys.stderr)
