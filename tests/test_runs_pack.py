@@ -118,6 +118,9 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
     tar.addfile(info, io.BytesIO(data))
   (tmp_path / 'runs').mkdir()
   (tmp_path / 'junk.tgz').write_text('not a tar file')
+  damaged = tmp_path / 'damaged'
+  _run(str(damaged), 'tune/a/x')
+  (damaged / 'tune' / 'a' / 'x' / 'status.json').write_text('{"state": ')
   cases = [
       (['merge', f'--runs={tmp_path / "runs"}', f'--src={bad}'], 'not a plain path'),
       (['merge', f'--runs={tmp_path / "runs"}', f'--src={tmp_path / "junk.tgz"}'], 'error'),
@@ -129,6 +132,7 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
         f'--newer={tmp_path / "none"}'], 'does not exist'),
       (['pack', f'--runs={tmp_path / "runs"}', f'--dest={tmp_path / "x.tgz"}',
         '--part_mb=0'], 'must be positive'),
+      (['pack', f'--runs={damaged}', f'--dest={tmp_path / "x.tgz"}'], 'status.json'),
   ]
   for args, says in cases:
     out = subprocess.run([sys.executable, 'scripts/device/runs_pack.py', *args], cwd=ROOT,

@@ -19,12 +19,14 @@ Stop the study (`launch.claims`) before a merge: it must not train a run being r
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
 import tarfile
 from typing import Sequence
+
+from loco.errors import LocoError
+from loco.files import runs as runs_lib
 
 PROG = 'runs_pack.py'
 SKIP = ('checkpoints', 'tensorboard', '.lock')
@@ -33,40 +35,23 @@ FINALS = 'final'
 SAFE = {'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}
 
 
-def _json(path: str):
-  try:
-    with open(path) as f:
-      return json.load(f)
-  except (OSError, ValueError):
-    return None
-
-
 def _last_step(workdir: str) -> int | None:
-  last = None
-  try:
-    with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-      for line in f:
-        try:
-          last = json.loads(line).get('step', last)
-        except ValueError:
-          pass
-  except OSError:
-    return None
-  return last
+  rows = runs_lib.read_metrics(workdir).rows
+  return rows[-1]['step'] if rows else None
 
 
 def ended(workdir: str, rel: str) -> bool:
   """Whether the run at `workdir` (`rel` inside the study) may travel."""
-  if os.path.isfile(os.path.join(workdir, 'diverged.json')):
+  if runs_lib.read_diverged(workdir) is not None:
     return True
-  if (_json(os.path.join(workdir, 'status.json')) or {}).get('state') != 'finished':
+  if (runs_lib.read_status(workdir) or {}).get('state') != 'finished':
     return False
   if FINALS not in rel.split(os.sep):
     return True
   evals = os.path.join(workdir, 'evals')
   step = _last_step(workdir)
   return os.path.isdir(evals) and step is not None and any(
-      (_json(os.path.join(evals, f)) or {}).get('step') == step
+      (runs_lib.read_json_object(os.path.join(evals, f)) or {}).get('step') == step
       for f in os.listdir(evals) if f.endswith('.json'))
 
 
@@ -75,7 +60,7 @@ def workdirs(root: str) -> list[str]:
   found = []
   for here, dirs, files in os.walk(root):
     dirs[:] = sorted(d for d in dirs if d not in SKIP)
-    if 'status.json' in files:     # a run: what is inside it travels with it
+    if runs_lib.STATUS in files:     # a run: what is inside it travels with it
       found.append(os.path.relpath(here, root))
       dirs[:] = []
   return found
@@ -96,7 +81,7 @@ def pack(runs: str, dest: str, newer: str | None = None, part_mb: float = 15.0
   size); returns (runs packed, the archives)."""
   since = os.path.getmtime(newer) if newer else None
   chosen = [rel for rel in workdirs(runs) if ended(os.path.join(runs, rel), rel) and (
-      since is None or os.path.getmtime(os.path.join(runs, rel, 'status.json')) > since)]
+      since is None or os.path.getmtime(os.path.join(runs, rel, runs_lib.STATUS)) > since)]
   os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
   parts: list[str] = []
 
@@ -136,7 +121,7 @@ def merge(runs: str, src: str) -> tuple[int, int, int]:
       if m.name.startswith('/') or '..' in parts or not (m.isfile() or m.isdir()):
         raise ValueError(f'{src} holds {m.name!r}, which is not a plain path inside it.')
     packed = sorted({os.path.dirname(m.name) for m in members
-                     if os.path.basename(m.name) == 'status.json'})
+                     if os.path.basename(m.name) == runs_lib.STATUS})
     packed = [p for p in packed if not any(p.startswith(q + '/') for q in packed if q != p)]
     added = replaced = kept = 0
     for rel in packed:
@@ -194,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f'{PROG}: error: {getattr(args, "current", args.runs)} is not a readable gzip '
           f'tar archive ({type(e).__name__}).', file=sys.stderr)
     return 1
-  except (ValueError, OSError) as e:
+  except (ValueError, OSError, LocoError) as e:     # LocoError: a damaged run file
     print(f'{PROG}: error: {e}', file=sys.stderr)
     return 1
   except KeyboardInterrupt:
