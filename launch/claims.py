@@ -247,7 +247,6 @@ def reference_name(mu: float) -> str:
 # The full page's (the quick one's are its plan's).
 REFERENCE = Plan().reference
 FAMILIES = Plan().families
-H1_METHODS = Plan().h1_methods
 
 
 def reference_knob(mu: float) -> Knob:
