@@ -89,6 +89,40 @@ def test_a_merge_adds_and_replaces_what_has_not_ended_and_keeps_what_has(tmp_pat
   assert runs_pack.merge(here, packed) == (0, 0, 4)           # a second merge: nothing
 
 
+def test_a_folder_keeps_the_ended_runs_and_a_fresh_checkout_goes_on_from_it(tmp_path):
+  """results/claims70: the ended runs in the repository, added to run by run."""
+  there, kept, here = (str(tmp_path / d) for d in ('there', 'kept', 'here'))
+  _run(there, 'tune/a/x', steps=(15, 30, 45))
+  _run(there, 'tune/a/y', state='running', steps=(15,))       # not ended: stays behind
+  _run(there, 'final/ddp/seed1', scored_step=30)
+  assert runs_pack.pack(there, kept) == (2, [kept])
+  assert sorted(runs_pack.workdirs(kept)) == ['final/ddp/seed1', 'tune/a/x']
+  assert not os.path.exists(os.path.join(kept, 'tune/a/x', 'checkpoints'))
+  assert not os.path.exists(os.path.join(kept, 'tune/a/x', 'tensorboard'))
+  # The next pack copies only what is new there; what is kept is not rewritten.
+  stamp = os.path.getmtime(os.path.join(kept, 'tune/a/x', 'metrics.jsonl'))
+  with open(os.path.join(there, 'tune/a/y', 'status.json'), 'w') as f:
+    json.dump({'state': 'finished'}, f)
+  assert runs_pack.pack(there, kept) == (3, [kept])
+  assert os.path.getmtime(os.path.join(kept, 'tune/a/x', 'metrics.jsonl')) == stamp
+  assert runs_pack._last_step(os.path.join(kept, 'tune/a/y')) == 15
+  # A fresh checkout: the kept runs come back, an unfinished copy is replaced, an
+  # ended one kept, a leftover half copy ignored.
+  _run(here, 'tune/a/x', state='running', steps=(15,))
+  _run(here, 'final/ddp/seed1', scored_step=30, steps=(15, 30))
+  _run(kept, 'tune/a/z.part')
+  out = subprocess.run([sys.executable, 'scripts/device/runs_pack.py', 'merge',
+                        f'--runs={here}', '--src', kept], cwd=ROOT, capture_output=True,
+                       text=True)
+  assert out.returncode == 0, out.stderr
+  assert '1 runs added to' in out.stdout and '1 unfinished ones replaced, 1 kept' in out.stdout
+  assert runs_pack._last_step(os.path.join(here, 'tune/a/x')) == 45
+  assert not os.path.exists(os.path.join(here, 'tune/a/x', 'checkpoints'))
+  assert os.path.isdir(os.path.join(here, 'final/ddp/seed1', 'checkpoints'))
+  assert not os.path.exists(os.path.join(here, 'tune/a/z.part'))
+  assert runs_pack.merge(here, kept) == (0, 0, 3)
+
+
 def test_a_large_pack_goes_on_in_parts_that_merge_as_one(tmp_path):
   there, here = str(tmp_path / 'there'), str(tmp_path / 'here')
   for i in range(3):
@@ -126,6 +160,8 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
       (['merge', f'--runs={tmp_path / "runs"}', f'--src={tmp_path / "junk.tgz"}'], 'error'),
       (['merge', f'--runs={tmp_path / "runs"}', f'--src={tmp_path / "none.tgz"}'],
        'is not a file'),
+      (['merge', f'--runs={tmp_path / "runs"}', f'--src={tmp_path / "none"}'],
+       'neither a .tgz archive nor a directory'),
       (['pack', f'--runs={tmp_path / "none"}', f'--dest={tmp_path / "x.tgz"}'],
        'is not a directory'),
       (['pack', f'--runs={tmp_path / "runs"}', f'--dest={tmp_path / "x.tgz"}',

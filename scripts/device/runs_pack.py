@@ -2,6 +2,8 @@
 
   python scripts/device/runs_pack.py pack --runs=runs/claims70 --dest=.whl/claims_from.tgz
   python scripts/device/runs_pack.py merge --runs=runs/claims70 --src OUT/claims_runs*.tgz
+  python scripts/device/runs_pack.py pack --runs=runs/claims70 --dest=results/claims70
+  python scripts/device/runs_pack.py merge --runs=runs/claims70 --src results/claims70
 
 A run travels when it has ended: finished, or diverged (diverged.json). A finished run
 under a `final/` folder travels only once `loco.evaluate` has scored its last step (its
@@ -11,7 +13,10 @@ newer than FILE (what a lease trained). `merge` unpacks into --runs every packed
 has not ended there, replacing an unfinished copy (its checkpoints included: they belong
 to a run that the packed one supersedes), and keeps the runs that ended there. A pack
 past --part_mb MB goes on in DEST-2.tgz, DEST-3.tgz, ... (a host returns files up to a
-size); merge takes them all.
+size); merge takes them all. A DEST or SRC that does not end in .tgz is a plain folder of
+the same files instead: `results/claims70` keeps a study's ended runs in the repository,
+so a fresh checkout merges them and goes on where the last machine stopped (each pack
+copies only the runs that are new there).
 
 Stop the study (`launch.claims`) before a merge: it must not train a run being replaced.
 """
@@ -59,7 +64,7 @@ def workdirs(root: str) -> list[str]:
   """Every run folder (one with a status.json) under `root`, relative to it."""
   found = []
   for here, dirs, files in os.walk(root):
-    dirs[:] = sorted(d for d in dirs if d not in SKIP)
+    dirs[:] = sorted(d for d in dirs if d not in SKIP and not d.endswith('.part'))
     if runs_lib.STATUS in files:     # a run: what is inside it travels with it
       found.append(os.path.relpath(here, root))
       dirs[:] = []
@@ -74,14 +79,43 @@ def part_path(dest: str, i: int) -> str:
   return f'{stem}-{i}{ext}'
 
 
+def archive(path: str) -> bool:
+  """Whether `path` names a gzip tar archive (else a plain folder)."""
+  return path.endswith(('.tgz', '.tar.gz'))
+
+
+def _ignore(_, names):
+  return [n for n in names if n in SKIP]
+
+
+def copy_run(src: str, dest: str) -> None:
+  """Copies the run folder `src` to `dest` without its models, replacing any copy there
+  only once the new one is whole."""
+  tmp = dest.rstrip(os.sep) + '.part'
+  if os.path.isdir(tmp):
+    shutil.rmtree(tmp)
+  shutil.copytree(src, tmp, ignore=_ignore)
+  if os.path.isdir(dest):
+    shutil.rmtree(dest)
+  os.replace(tmp, dest)
+
+
 def pack(runs: str, dest: str, newer: str | None = None, part_mb: float = 15.0
          ) -> tuple[int, list[str]]:
   """Packs the ended runs under `runs` into `dest`, starting another archive
   (`part_path`) once one passes `part_mb` MB compressed (a host returns files up to a
-  size); returns (runs packed, the archives)."""
+  size); returns (runs packed, the archives). A `dest` that is not a .tgz is a folder:
+  the runs not already ended there are copied into it."""
   since = os.path.getmtime(newer) if newer else None
   chosen = [rel for rel in workdirs(runs) if ended(os.path.join(runs, rel), rel) and (
       since is None or os.path.getmtime(os.path.join(runs, rel, runs_lib.STATUS)) > since)]
+  if not archive(dest):
+    for rel in chosen:
+      target = os.path.join(dest, rel)
+      if not (os.path.isdir(target) and ended(target, rel)):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        copy_run(os.path.join(runs, rel), target)
+    return len(chosen), [dest]
   os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
   parts: list[str] = []
 
@@ -113,7 +147,19 @@ def pack(runs: str, dest: str, newer: str | None = None, part_mb: float = 15.0
 
 def merge(runs: str, src: str) -> tuple[int, int, int]:
   """Unpacks into `runs` the packed runs that have not ended there; returns (added,
-  replaced, kept)."""
+  replaced, kept). A `src` that is not a .tgz is a folder (`pack` into a folder)."""
+  if not archive(src):
+    added = replaced = kept = 0
+    for rel in workdirs(src):
+      target = os.path.join(runs, rel)
+      if os.path.isdir(target) and ended(target, rel):
+        kept += 1
+        continue
+      replaced += os.path.isdir(target)
+      added += not os.path.isdir(target)
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      copy_run(os.path.join(src, rel), target)
+    return added, replaced, kept
   with tarfile.open(src) as tar:
     members = tar.getmembers()
     for m in members:
@@ -146,19 +192,21 @@ def main(argv: Sequence[str] | None = None) -> int:
   sub = parser.add_subparsers(dest='what', required=True)
   p = sub.add_parser('pack')
   p.add_argument('--runs', required=True)
-  p.add_argument('--dest', required=True)
+  p.add_argument('--dest', required=True, help='a .tgz archive, or else a folder')
   p.add_argument('--newer', help='only runs whose status.json is newer than this file')
   p.add_argument('--part_mb', type=float, default=15.0,
                  help='start another archive (DEST-2.tgz, ...) past this many MB')
   m = sub.add_parser('merge')
   m.add_argument('--runs', required=True)
-  m.add_argument('--src', required=True, nargs='+', help='one archive or more (parts)')
+  m.add_argument('--src', required=True, nargs='+', help='one archive or more (parts), or a folder')
   args = parser.parse_args(argv)
   try:
     if args.what == 'merge':
       for src in args.src:
-        if not os.path.isfile(src):
+        if archive(src) and not os.path.isfile(src):
           raise ValueError(f'--src {src} is not a file.')
+        if not archive(src) and not os.path.isdir(src):
+          raise ValueError(f'--src {src} is neither a .tgz archive nor a directory.')
       os.makedirs(args.runs, exist_ok=True)
     if not os.path.isdir(args.runs):
       raise ValueError(f'--runs {args.runs} is not a directory.')
