@@ -78,6 +78,11 @@ BASE = 'experiments/micro.py:ddp'      # no algorithm keys set: any algorithm on
 PAGE = os.path.join('docs', 'claims.md')
 PREVIOUS_PAGE = os.path.join('docs', 'claims_70_rounds_stream.md')
 FIGURES = os.path.join('figures', 'claims')     # beside the page: docs/figures/claims
+# The scaling points the page overlays: the micro study's, kept with its page (written by
+# `python -m launch.scaling --preset=micro --out=runs/scaling_micro`, points.json copied),
+# and the tiny study's where it has run.
+SCALING = (os.path.join('docs', 'scaling', 'micro_points.json'),
+           os.path.join('runs', 'scaling_tiny'))
 COMMAND = 'python -m launch.claims --out=runs/claims70'
 
 # The heterogeneous network of claim 9 (tiny_hetero.py's): 1 Gbit/s links with 10 ms
@@ -1075,7 +1080,7 @@ def fixed_graphs(topologies: Sequence[str] = TOPOLOGIES) -> list[str]:
 
 def scaling_text(dirs: Sequence[str], figures: str, rel: str) -> list[str]:
   from launch import scaling
-  found = [d for d in dirs if os.path.isfile(os.path.join(d, 'points.json'))]
+  found = [d for d in dirs if os.path.isfile(scaling.points_path(d))]
   if not found:
     return ['Not run yet: `python -m launch.scaling --preset=micro --out=runs/scaling_micro` '
             '(this machine) and `python -m launch.scaling --out=runs/scaling_tiny` (an '
@@ -1096,7 +1101,7 @@ def scaling_text(dirs: Sequence[str], figures: str, rel: str) -> list[str]:
       ci = w['gap_ci']
       cells.append(f'{w["gap_mean"]:+.1%}' + (f' [{ci[0]:+.1%}, {ci[1]:+.1%}]' if ci else '')
                    + f' / {w["predicted"]:+.1%}')
-    name = os.path.basename(os.path.normpath(d))
+    name = scaling.study_name(d)
     lines.append(f'| {name} | {p["params"]:,} | {p["tokens_per_weight"]:.1f} | '
                  + ' | '.join(cells) + f' | {scaling.ordering(p)} |')
   return lines
@@ -1411,9 +1416,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('--batch_runs', type=cli.positive_int, default=3,
                       help='runs that differ only in seed or lr train up to N in one '
                       'program (loco.sweep --batch_runs; 1: each alone)')
-  parser.add_argument('--scaling', nargs='*', default=[os.path.join('runs', 'scaling_micro'),
-                                                       os.path.join('runs', 'scaling_tiny')],
-                      help='launch.scaling studies whose points the page overlays')
+  parser.add_argument('--scaling', nargs='*', default=list(SCALING),
+                      help='launch.scaling studies (folders, or points files) whose points '
+                      'the page overlays')
   parser.add_argument('--page_only', action='store_true',
                       help='write the page from the finished runs; train nothing')
   parser.add_argument('--sampling', choices=('windows', 'stream'), default='windows',

@@ -301,12 +301,26 @@ def write_page(out: str, plan: Mapping[str, Any], p: Mapping[str, Any],
   return path
 
 
+def points_path(where: str) -> str:
+  """A study's points file: `where` itself if it names a .json file (a copy kept with the
+  docs, docs/scaling/micro_points.json), else where/points.json."""
+  return where if where.endswith('.json') else os.path.join(where, 'points.json')
+
+
+def study_name(where: str) -> str:
+  """runs/scaling_micro -> scaling_micro; docs/scaling/micro_points.json -> micro."""
+  name = os.path.basename(os.path.normpath(where))
+  return name.removesuffix('.json').removesuffix('_points').removesuffix('points') or where
+
+
 def read_points(folder: str) -> dict[str, Any]:
-  """A study's points.json, checked (one line naming a damaged or foreign file)."""
-  path = os.path.join(folder, 'points.json')
+  """A study's points.json (`points_path`), checked (one line naming a damaged or foreign
+  file)."""
+  path = points_path(folder)
   p = runs_lib.read_json_object(path)
   if p is None:
-    raise LocoError(f'{folder} has no points.json (run launch.scaling there first).')
+    raise LocoError(f'{folder} has no points.json (run launch.scaling there first).'
+                    if path != folder else f'{folder} is missing or not a JSON object.')
   again = 'run launch.scaling there again.'
   runs_lib.check_fields(path, p, POINTS_FIELDS, 'a launch.scaling points file', again)
   for m, w in p['workers'].items():
@@ -372,8 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="a new plan's batch layout (data.sampling; default windows: "
                       "independent rows; stream reproduces the pages made before them)")
   parser.add_argument('--overlay', nargs='+', metavar='DIR',
-                      help='draw these studies\' points.json on the published fits '
-                      '(into OUT/overlay.png); train nothing')
+                      help='draw these studies\' points.json (or these points files) on '
+                      'the published fits (into OUT/overlay.png); train nothing')
   args = parser.parse_args(argv)
 
   def body() -> int:

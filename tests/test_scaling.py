@@ -10,6 +10,8 @@ import pytest
 from launch import scaling
 from loco.lab import study
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def test_the_published_fits_give_the_gaps_quoted_in_references():
   # REFERENCES.md (2503.09799 Table 7 extrapolated): at 3.2M about +0.1/+1.1/+2.8/+5.3%,
@@ -91,6 +93,24 @@ def test_points_are_paired_relative_gaps_with_cis(tmp_path):
   (tmp_path / 'points.json').write_text(json.dumps(p))
   path = scaling.overlay([str(tmp_path)], str(tmp_path / 'fig' / 'overlay.png'))
   assert os.path.getsize(path) > 10_000
+  # A points file kept with the docs draws the same as its study's folder.
+  kept = tmp_path / 'kept' / 'micro_points.json'
+  kept.parent.mkdir()
+  kept.write_text(json.dumps(p))
+  assert scaling.read_points(str(kept)) == scaling.read_points(str(tmp_path))
+  assert scaling.study_name(str(kept)) == 'micro'
+  assert scaling.study_name(str(tmp_path / 'scaling_micro')) == 'scaling_micro'
+  assert os.path.getsize(scaling.overlay([str(kept)], str(tmp_path / 'fig' / 'o2.png'))) > 10_000
+
+
+def test_the_committed_micro_points_are_a_readable_points_file():
+  """The claims page overlays docs/scaling/micro_points.json (claims.SCALING)."""
+  from launch import claims
+  kept = [w for w in claims.SCALING if w.endswith('.json')]
+  assert kept and all(os.path.isfile(os.path.join(ROOT, w)) for w in kept)
+  for w in kept:
+    p = scaling.read_points(os.path.join(ROOT, w))
+    assert p['preset'] == 'micro' and set(p['workers']) <= {str(m) for m in scaling.WORKERS}
 
 
 def test_overlay_and_plan_files_missing_damaged_or_foreign_are_one_line(tmp_path, capsys):
@@ -98,6 +118,10 @@ def test_overlay_and_plan_files_missing_damaged_or_foreign_are_one_line(tmp_path
   err = capsys.readouterr().err.strip().splitlines()
   assert err == [f'launch.scaling: error: {tmp_path} has no points.json (run '
                  'launch.scaling there first).']
+  assert scaling.main(['--overlay', str(tmp_path / 'none.json'), f'--out={tmp_path / "o"}']) == 1
+  err = capsys.readouterr().err.strip().splitlines()
+  assert err == [f'launch.scaling: error: {tmp_path / "none.json"} is missing or not a JSON '
+                 'object.']
   for text, match in (('{"workers": ', 'is not valid JSON'),
                       ('{"runs": []}', 'is not a launch.scaling points file')):
     (tmp_path / 'points.json').write_text(text)
