@@ -162,6 +162,8 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
        'is not a file'),
       (['merge', f'--runs={tmp_path / "runs"}', f'--src={tmp_path / "none"}'],
        'neither a .tgz archive nor a directory'),
+      (['pack', f'--runs={tmp_path / "runs"}', f'--dest={tmp_path / "runs" / "kept"}'],
+       'overlap'),
       (['pack', f'--runs={tmp_path / "none"}', f'--dest={tmp_path / "x.tgz"}'],
        'is not a directory'),
       (['pack', f'--runs={tmp_path / "runs"}', f'--dest={tmp_path / "x.tgz"}',

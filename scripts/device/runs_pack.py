@@ -100,6 +100,22 @@ def copy_run(src: str, dest: str) -> None:
   os.replace(tmp, dest)
 
 
+def copy_runs(src: str, rels: Sequence[str], dest: str) -> tuple[int, int, int]:
+  """Copies each run `rels` of folder `src` into folder `dest` unless it has ended there;
+  returns (added, replaced, kept)."""
+  added = replaced = kept = 0
+  for rel in rels:
+    target = os.path.join(dest, rel)
+    if os.path.isdir(target) and ended(target, rel):
+      kept += 1
+      continue
+    replaced += os.path.isdir(target)
+    added += not os.path.isdir(target)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    copy_run(os.path.join(src, rel), target)
+  return added, replaced, kept
+
+
 def pack(runs: str, dest: str, newer: str | None = None, part_mb: float = 15.0
          ) -> tuple[int, list[str]]:
   """Packs the ended runs under `runs` into `dest`, starting another archive
@@ -110,11 +126,7 @@ def pack(runs: str, dest: str, newer: str | None = None, part_mb: float = 15.0
   chosen = [rel for rel in workdirs(runs) if ended(os.path.join(runs, rel), rel) and (
       since is None or os.path.getmtime(os.path.join(runs, rel, runs_lib.STATUS)) > since)]
   if not archive(dest):
-    for rel in chosen:
-      target = os.path.join(dest, rel)
-      if not (os.path.isdir(target) and ended(target, rel)):
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        copy_run(os.path.join(runs, rel), target)
+    copy_runs(runs, chosen, dest)
     return len(chosen), [dest]
   os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
   parts: list[str] = []
@@ -149,17 +161,7 @@ def merge(runs: str, src: str) -> tuple[int, int, int]:
   """Unpacks into `runs` the packed runs that have not ended there; returns (added,
   replaced, kept). A `src` that is not a .tgz is a folder (`pack` into a folder)."""
   if not archive(src):
-    added = replaced = kept = 0
-    for rel in workdirs(src):
-      target = os.path.join(runs, rel)
-      if os.path.isdir(target) and ended(target, rel):
-        kept += 1
-        continue
-      replaced += os.path.isdir(target)
-      added += not os.path.isdir(target)
-      os.makedirs(os.path.dirname(target), exist_ok=True)
-      copy_run(os.path.join(src, rel), target)
-    return added, replaced, kept
+    return copy_runs(src, workdirs(src), runs)
   with tarfile.open(src) as tar:
     members = tar.getmembers()
     for m in members:
@@ -198,7 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  help='start another archive (DEST-2.tgz, ...) past this many MB')
   m = sub.add_parser('merge')
   m.add_argument('--runs', required=True)
-  m.add_argument('--src', required=True, nargs='+', help='one archive or more (parts), or a folder')
+  m.add_argument('--src', required=True, nargs='+',
+                 help='one archive or more (parts), or a folder')
   args = parser.parse_args(argv)
   try:
     if args.what == 'merge':
@@ -210,6 +213,13 @@ def main(argv: Sequence[str] | None = None) -> int:
       os.makedirs(args.runs, exist_ok=True)
     if not os.path.isdir(args.runs):
       raise ValueError(f'--runs {args.runs} is not a directory.')
+    folders = [f for f in (args.src if args.what == 'merge' else [args.dest])
+               if not archive(f)]
+    for f in folders:
+      a, b = os.path.realpath(f), os.path.realpath(args.runs)
+      if os.path.commonpath([a, b]) in (a, b):
+        raise ValueError(f'{f} and --runs {args.runs} overlap: the kept runs go in a '
+                         'folder of their own.')
     if args.what == 'pack':
       if args.newer and not os.path.exists(args.newer):
         raise ValueError(f'--newer {args.newer} does not exist.')
