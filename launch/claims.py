@@ -1313,11 +1313,20 @@ def _changed_text(page: str, words: Mapping[int, str], fill: Mapping[str, Any]
         f'{WHY[c.number].format(**fill)} |' for c in CLAIMS)]
 
 
+COMMANDS = {'full': COMMAND, 'long': 'python -m launch.claims --long --out=runs/claims140',
+            'quick': 'python -m launch.claims --quick --out=runs/claims_quick'}
+
+
 def _command(scale: Scale) -> str:
-  """The command that regenerates a page of this scale."""
-  return {id(SCALES['full']): COMMAND,
-          id(SCALES['long']): 'python -m launch.claims --long --out=runs/claims140'}.get(
-              id(scale), 'python -m launch.claims --quick --out=runs/claims_quick')
+  """The command that regenerates a page of this scale: the scale is told by its length
+  and plan (main's copy carries the batch layout), and a layout other than the default
+  is passed on."""
+  key = next((k for k, s in SCALES.items()
+              if (s.budget.steps, s.plan) == (scale.budget.steps, scale.plan)), None)
+  if key is None:
+    raise ValueError(f'no scale in SCALES has {scale.budget.steps} steps and this plan')
+  sampling = scale.budget.common.get('data.sampling', 'windows')
+  return COMMANDS[key] + (f' --sampling={sampling}' if sampling != 'windows' else '')
 
 
 def write_page(out: str, scale: Scale, page: str, figures: str,

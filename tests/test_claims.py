@@ -470,6 +470,7 @@ def test_the_quick_claims_page_is_written_end_to_end(tmp_path, in_repo):
   for path in claims.figure_paths(os.path.join(tmp_path, claims.FIGURES)).values():
     assert os.path.getsize(path) > 1000, path
   assert text.count('| model size |') == 11                 # a regime card per claim
+  assert 'Regenerate: `python -m launch.claims --quick --out=' in text
   assert '## What changed from the previous page, and why' in text
   assert '## The reference DiLoCo: its (outer lr, momentum) landscape' in text
   assert '**(best)**' in text
@@ -508,6 +509,25 @@ def test_a_damaged_clock_file_is_one_line(tmp_path, capsys):
   with pytest.raises(claims.LocoError, match='seconds.txt is damaged'):
     study.read_seconds(str(tmp_path / 'seconds.txt'), 0.0)
   np.testing.assert_equal(study.read_seconds(str(tmp_path / 'none.txt'), math.nan), math.nan)
+
+
+def test_each_page_names_the_command_that_regenerates_it():
+  """main runs a copy of its scale that carries the batch layout: the page's command is
+  still its own scale's, with a layout other than the default passed on."""
+  def as_main(key, sampling):
+    s = claims.SCALES[key]
+    return dataclasses.replace(s, budget=dataclasses.replace(
+        s.budget, common={**s.budget.common, 'data.sampling': sampling}))
+  assert claims._command(as_main('full', 'windows')) == claims.COMMAND
+  assert claims._command(as_main('long', 'windows')).startswith(
+      'python -m launch.claims --long ')
+  assert claims._command(as_main('quick', 'windows')).startswith(
+      'python -m launch.claims --quick ')
+  assert claims._command(as_main('full', 'stream')) == claims.COMMAND + ' --sampling=stream'
+  other = dataclasses.replace(claims.SCALES['full'], budget=dataclasses.replace(
+      claims.SCALES['full'].budget, steps=7))
+  with pytest.raises(ValueError, match='no scale in SCALES has 7 steps'):
+    claims._command(other)
 
 
 def test_an_out_that_is_a_file_and_bad_flags_are_one_line(tmp_path, capsys):
