@@ -791,6 +791,28 @@ def _tests_text(v: Verdict, units: str) -> list[str]:
   return lines
 
 
+def headline(v: Verdict | None, units: str) -> str:
+  """A claim's effect in one cell: its first comparison's a - b (relative to b's loss, or
+  in `units` where the test is not relative) with the CI of the look it stopped at, and
+  how many more comparisons the claim has."""
+  if v is None or not v.tests:
+    return '—'
+  t, c = v.tests[0]
+  test = c.paired or c.welch
+  if test is None:
+    return f'{t.a} − {t.b}: {c.text()}'
+  est, low, high = (x + c.margin for x in (test.estimate, *test.ci))
+  fmt = ('{:+.2%}' if t.relative else '{:+,.0f} s' if units == 'simulated seconds'
+         else '{:+.4f}')
+  margin = f'; margin {t.margin.relative:+.2%}' if t.relative and t.margin.relative else ''
+  more = len(v.tests) - 1
+  seeds = test.n if isinstance(test.n, int) else ' and '.join(map(str, test.n))
+  return (f'{t.a} − {t.b}{" (relative)" if t.relative else ""}: {fmt.format(est)} '
+          f'[{fmt.format(low)}, {fmt.format(high)}] {test.level * 100:.3g}% CI, '
+          f'{seeds} seeds{margin}' + (f'; {more} more comparison{"s" * (more > 1)}'
+                                       if more else ''))
+
+
 def _plot(claim: Claim, g, out, scale, t9, path, picks) -> None:
   if claim.number == 7:
     panels = [(graph, [n for n in claim.finals if n.endswith('_' + graph)])
@@ -1268,7 +1290,8 @@ def _claims_sections(out: str, scale: Scale, figures: str, rel: str,
     _plot(claim, g, out, scale, t9, os.path.join(figures, figure), picks)
     kind = KINDS[claim.transfers]
     rows.append(f'| {claim.number} | {claim.statement} ({claim.source}) | {measured} | '
-                f'**{word}** | {kind.split(":")[0]} | [plot]({rel}/{figure}) |')
+                f'{headline(v, claim.units)} | **{word}** | {kind.split(":")[0]} | '
+                f'[plot]({rel}/{figure}) |')
     mine = here(scale)
     card = ['| | the paper | here |', '|---|---|---|'] + [
         f'| {label} | {getattr(claim.regime, key)} | {mine[key]} |'
@@ -1363,8 +1386,9 @@ def write_page(out: str, scale: Scale, page: str, figures: str,
       f'{scale.tokens_per_weight:.1f} tokens per weight.',
       '',
       '| # | claim (source) | measured (final eval loss, or claim 9\'s seconds, mean ± std '
-      'over seeds) | verdict | kind | plot |',
-      '|---|---|---|---|---|---|',
+      'over seeds) | effect: a − b [CI] (the first comparison, paired by seed) | verdict | '
+      'kind | plot |',
+      '|---|---|---|---|---|---|---|',
       *rows,
       '',
       '## What changed from the previous page, and why',

@@ -267,6 +267,25 @@ def test_margins_are_relative_loss_converted_from_the_papers_perplexity():
   assert claims.judge(g, [claims.Test('a', 'b', claims.WITHIN_2)], BUDGET).word == 'reproduced'
 
 
+def test_the_summary_states_each_claims_effect_with_its_margin_added_back():
+  """The summary's effect cell is the first comparison's mean (a - b) / b per seed and its
+  CI, not the test's (a - b) / b - margin; a test in units shows them; a claim of several
+  comparisons says how many more."""
+  g = {'a': _group('a', [1.02, 2.04, 1.53]), 'b': _group('b', [1.0, 2.0, 1.5]),
+       'c': _group('c', [1.0, 2.0, 1.5])}
+  v = claims.judge(g, [claims.Test('a', 'b', claims.WITHIN_2)], BUDGET)
+  cell = claims.headline(v, 'nats')
+  assert cell.startswith('a − b (relative): +2.00% [+2.00%, +2.00%] ')
+  assert '3 seeds; margin +0.73%' in cell and 'more comparison' not in cell
+  g['a'], g['b'] = _group('a', [110.0, 232.0, 138.0]), _group('b', [10.0, 130.0, 40.0])
+  v = claims.judge(g, [claims.Test('a', 'b', relative=False), claims.Test('a', 'c')], BUDGET)
+  cell = claims.headline(v, 'simulated seconds')
+  low, high = v.tests[0][1].ci
+  assert cell.startswith(f'a − b: +100 s [{low:+,.0f} s, {high:+,.0f} s] ')
+  assert cell.endswith('; 1 more comparison') and 'margin' not in cell
+  assert claims.headline(None, 'nats') == '—'
+
+
 @pytest.mark.parametrize('scale', list(claims.SCALES))
 def test_each_claim_names_its_finals_and_regime(scale):
   """At every scale (the quick page's plan trains one or two of each ladder) a claim
