@@ -122,3 +122,15 @@ def test_a_browser_loads_the_page_without_console_errors(site, page, tmp_path):
   missing = [ref for ref in re.findall(r'(?:src|href)="([^"#?:]+)[^"]*"', html)
              if not ref.startswith('//') and not os.path.exists(os.path.join(here, ref))]
   assert missing == [], missing
+
+
+def test_the_readme_states_the_claims_pages_verdicts():
+  """README's results table copies docs/claims.md's verdicts: regenerating the page and
+  forgetting the README fails here."""
+  from launch import claims
+  page = claims.previous_verdicts(os.path.join(REPO, claims.PAGE))
+  with open(os.path.join(REPO, 'README.md'), encoding='utf-8') as f:
+    readme = dict((int(n), word) for n, word in re.findall(
+        r'^\| (\d+) \| [^|\n]+ \| (reproduced|not reproduced|inconclusive|not run) \|',
+        f.read(), re.M))
+  assert len(page) == len(claims.CLAIMS) and readme == page
