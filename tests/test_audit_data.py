@@ -285,7 +285,7 @@ def test_a_non_finite_eval_loss_is_divergence_whatever_status_json_says(tmp_path
   assert run.status == 'diverged'
   assert not math.isfinite(run.metrics[where]['eval_loss'])     # read back as logged
   # And a study scores such a tuning run +inf, never by its last number.
-  assert study._final_loss(path) == math.inf
+  assert study.tuning_score(path) == math.inf
 
 
 def test_summarize_reports_non_finite_evals_without_using_them(tmp_path):

@@ -179,7 +179,7 @@ def settings(method: Method, budget: Budget,
   return out, all(label(s) in scores for s in out)
 
 
-def _final_loss(workdir: str) -> float | None:
+def tuning_score(workdir: str) -> float | None:
   """A tuning run's score: its last eval loss (+inf if it diverged), None if unfinished."""
   if not os.path.isdir(workdir):
     return None
@@ -284,7 +284,7 @@ def _run_label(setting: Mapping[str, Any], seed: int, budget: Budget) -> str:
 
 def _score(tune_dir: str, problem: Problem, setting: Mapping[str, Any], seed: int,
            budget: Budget) -> float | None:
-  return _final_loss(os.path.join(tune_dir, problem.name, _run_label(setting, seed, budget)))
+  return tuning_score(os.path.join(tune_dir, problem.name, _run_label(setting, seed, budget)))
 
 
 def _known(tune_dir: str, problem: Problem | Method, budget: Budget
