@@ -8,11 +8,12 @@ This file is the experiment record: the methods and their knobs, the finals, the
 with their margins, sources and regimes, the figures and the page. The protocol is
 `loco.lab.study`'s:
 - Tuning. Every method tunes the shared inner-lr grid (1.5e-3, 3e-3, 6e-3) and then its
-  own knob (three values) at the best inner lr, five settings each, and an edge pick is
-  extended once; each setting trains once (seed 0) at the final length and is scored on
-  `validation[:50%]` by the in-loop eval, whose windows cover the split. The pick and its
-  neighbour towards the larger step train again at seed 10: a pick that diverges there
-  is passed over, one whose neighbour diverges is flagged.
+  own knob (three values) at the best inner lr, five settings each; an edge pick is
+  extended once, and a pick whose knob moved tries the inner lr's neighbours at that knob
+  (once, one step past the better); each setting trains once (seed 0) at the final
+  length and is scored on `validation[:50%]` by the in-loop eval, whose windows cover
+  the split. The pick and its neighbour towards the larger step train again at seed 10:
+  a pick that diverges there is passed over, one whose neighbour diverges is flagged.
 - The reference. DiLoCo is a family tuned over (outer lr, momentum) jointly: momenta 0
   (SGD), 0.5, 0.8, 0.9 and 0.95, each over the same effective steps eta / (1 - mu). Every
   claim is tested against the member that tuned best; the DiLoCo paper's configuration
@@ -1327,8 +1328,9 @@ def _changed_text(page: str, words: Mapping[int, str], fill: Mapping[str, Any]
       'regime (70 rounds of H = 15, 5 tokens per weight). Since, every claim: each row of a '
       'batch an independent window (it was consecutive windows of one document per worker), '
       'the reference DiLoCo tuned over (outer lr, momentum), variants re-tuned where their '
-      'change moves the optimum, a second seed for the pick and its neighbour, margins as '
-      'relative loss and the two-look seed rule. Per claim:',
+      'change moves the optimum, the inner lr tried again at a pick\'s knob where the knob '
+      'moved, a second seed for the pick and its neighbour, margins as relative loss and '
+      'the two-look seed rule. Per claim:',
       '',
       '| claim | before (stream batches, the old protocol) | here | what changed |',
       '|---|---|---|---|',

@@ -32,7 +32,8 @@ def planned_units() -> float:
 
 def planned_tuning_units() -> tuple[float, float]:
   """The tuning of the claims page's plan, in units: (fewest, most). A method trains 5
-  settings and a re-tuned variant 3, each up to 2 more past an edge (1 for a variant);
+  settings and a re-tuned variant 3, each up to 2 more past an edge (1 for a variant),
+  and a method whose knob moved up to 3 more inner lrs at it (`study.settings`' step 4);
   with a check seed the pick and its neighbour train again (more where a pick diverges
   there, not counted)."""
   s = claims.SCALES['full']
@@ -42,7 +43,8 @@ def planned_tuning_units() -> tuple[float, float]:
   low = high = 0.0
   for m in methods.values():
     u = study.run_units(study.run_keys(m, b, tuning=True))
-    low, high = low + (5 + check) * u, high + (7 + check) * u
+    # Up to 2 edge steps, and where a knob moved, up to 3 inner lrs at it (step 4).
+    low, high = low + (5 + check) * u, high + (7 + 3 * (m.knob is not None) + check) * u
   for f in claims.finals(s):
     if f.retune is None:
       continue

@@ -58,18 +58,46 @@ def test_an_interior_optimum_costs_five_settings_and_is_picked():
 def test_an_edge_pick_is_extended_once_on_each_knob_at_its_edge():
   m = study.Method('diloco', {}, OUTER)
   wanted, scores = _tune_by_hand(m, _bowl(20e-3, 2.0))     # both optima past the grid
-  assert len(wanted) == 7
-  extra = wanted[5:]
+  extra = wanted[5:7]
   assert {study.LR: 12e-3, OUTER.key: 1.0} in extra                     # lr x 2
   assert {study.LR: 6e-3, OUTER.key: pytest.approx(1.3)} in extra       # knob + its step
-  # Once: the extension's winner is not extended again.
-  assert _pick(wanted, scores)[study.LR] in (6e-3, 12e-3)
+  # Once: the knob's extension is not extended again. It moved the knob from step 1's
+  # 0.7, so the inner lr's neighbours train at 1.3, and one more step past the better.
+  assert wanted[7:] == [{study.LR: lr, OUTER.key: 1.3} for lr in (3e-3, 12e-3, 24e-3)]
+  assert _pick(wanted, scores) == {study.LR: 24e-3, OUTER.key: 1.3}
+
+
+def test_a_pick_whose_knob_moved_tries_the_inner_lr_again_at_that_knob():
+  """Coordinate-wise tuning picks the inner lr at step 1's knob; where the best inner lr
+  depends on the knob (a smaller outer step wants a larger inner lr), the pick's knob
+  retries the inner lr's neighbours, once, and steps once past the better one."""
+  m = study.Method('diloco', {}, OUTER)
+
+  def loss(s):
+    best_lr = 12e-3 if s[OUTER.key] <= 0.5 else 1.5e-3
+    return (2.0 + 0.01 * math.log2(s[study.LR] / best_lr) ** 2 +
+            5.0 * (s[OUTER.key] - 0.5) ** 2)
+  wanted, scores = _tune_by_hand(m, loss)
+  assert wanted[:7] == [
+      {study.LR: 1.5e-3, OUTER.key: 0.7}, {study.LR: 3e-3, OUTER.key: 0.7},
+      {study.LR: 6e-3, OUTER.key: 0.7},                   # step 1: 1.5e-3 wins at 0.7
+      {study.LR: 1.5e-3, OUTER.key: 0.5}, {study.LR: 1.5e-3, OUTER.key: 1.0},  # 0.5 wins
+      {study.LR: 0.75e-3, OUTER.key: 0.5}, {study.LR: 1.5e-3, OUTER.key: 0.3}]  # edges
+  assert wanted[7:] == [{study.LR: 3e-3, OUTER.key: 0.5}, {study.LR: 6e-3, OUTER.key: 0.5}]
+  assert _pick(wanted, scores) == {study.LR: 6e-3, OUTER.key: 0.5}
+  # Where neither neighbour beats the pick, two runs and no step past.
+  flat = lambda s: loss(s) + (0.0 if s[study.LR] == 1.5e-3 else 1.0)  # noqa: E731
+  wanted, scores = _tune_by_hand(m, flat)
+  assert wanted[7:] == [{study.LR: 3e-3, OUTER.key: 0.5}]     # 0.75e-3 ran at step 3
+  assert _pick(wanted, scores) == {study.LR: 1.5e-3, OUTER.key: 0.5}
 
 
 def test_an_extension_outside_the_knobs_range_is_not_run():
   m = study.Method('dadamw', {}, STEP)
   wanted, _ = _tune_by_hand(m, _bowl(3e-3, 1.0, STEP.key))
-  assert len(wanted) == 5 and max(s[STEP.key] for s in wanted) == 1.0   # 1.5 > high
+  assert max(s[STEP.key] for s in wanted) == 1.0                        # 1.5 > high
+  # The pick moved the step from 0.5 to 1.0: the inner lr's neighbours train there.
+  assert wanted[5:] == [{study.LR: lr, STEP.key: 1.0} for lr in (1.5e-3, 6e-3)]
 
 
 def test_a_method_without_a_knob_gets_five_inner_lrs():
@@ -135,7 +163,7 @@ def test_tune_reads_the_runs_and_picks_the_known_best(tmp_path):
   out = str(tmp_path)
   with pytest.raises(LocoError, match='3 tuning runs are not finished'):
     study.tune(out, [m], BUDGET, train=False)
-  for _ in range(3):   # the stages appear as earlier ones finish
+  for _ in range(4):   # the stages appear as earlier ones finish
     wanted, _, known = study._known(os.path.join(out, 'tune'), m, BUDGET)
     for s in wanted:
       if study.label(s) not in known:
@@ -147,9 +175,11 @@ def test_tune_reads_the_runs_and_picks_the_known_best(tmp_path):
   grid = dict(picks['grid'])
   assert grid[study.label({study.LR: 1.5e-3, OUTER.key: 0.7})] == math.inf
   # The best lr (6e-3) and knob (0.5) are both at their grid's edge: one step further on
-  # each was tried (12e-3; 0.3) and lost, so the pick is interior after extension.
+  # each was tried (12e-3; 0.3) and lost, so the pick is interior after extension; the
+  # knob moved from 0.7, so the inner lr's lower neighbour at 0.5 (3e-3) ran and lost.
   assert picks['setting'] == {study.LR: 6e-3, OUTER.key: 0.5}
-  assert len(picks['grid']) == 7 and picks['edge'] == []
+  assert len(picks['grid']) == 8 and picks['edge'] == []
+  assert grid[study.label({study.LR: 3e-3, OUTER.key: 0.5})] > loss(picks['setting'])
 
 
 def test_tuning_drops_the_checkpoints_of_its_finished_runs_only(tmp_path, monkeypatch):
@@ -185,7 +215,7 @@ def test_tuning_drops_the_checkpoints_of_its_finished_runs_only(tmp_path, monkey
   tune = os.path.join(out, 'tune', 'diloco')
   runs = sorted(os.listdir(tune))
   have = [d for d in runs if os.path.isdir(os.path.join(tune, d, 'checkpoints'))]
-  assert have == [study.label(broken)] and len(runs) == len(picks['grid']) == 7
+  assert have == [study.label(broken)] and len(runs) == len(picks['grid']) == 8
   assert len(freed) > 1 and sum(freed) == 1000 * (len(runs) - 1)
   assert all(os.path.isfile(os.path.join(tune, d, 'metrics.jsonl')) for d in runs)
   assert drop(os.path.join(out, 'tune'), ['diloco/none']) == 0
@@ -526,8 +556,11 @@ def test_tune_with_a_check_seed_passes_over_a_pick_that_diverges_there(tmp_path)
   budget = dataclasses.replace(BUDGET, check_seed=7)
   m = study.Method('dsgd', {}, STEP)
   out, tune_dir = str(tmp_path), os.path.join(str(tmp_path), 'tune')
-  loss = _bowl(3e-3, 1.0, key=STEP.key)
-  for _ in range(3):
+  # The inner lr matters more than the step: the pick's neighbour on the step, not on
+  # the lr (step 4's runs at step 1.0), is the runner-up.
+  bowl = _bowl(3e-3, 1.0, key=STEP.key)
+  loss = lambda s: bowl(s) + 0.04 * math.log2(s[study.LR] / 3e-3) ** 2  # noqa: E731
+  for _ in range(4):
     wanted, _, known = study._known(tune_dir, m, budget)
     _finish(out, 'dsgd', [s for s in wanted if study.label(s) not in known], loss)
   best = {study.LR: 3e-3, STEP.key: 1.0}
@@ -688,6 +721,8 @@ def test_the_planned_tuning_counts_every_method_and_retuned_variant():
   assert low >= 7 * (len(ms) - sum(m.h1 for m in ms)) + 7 * h1 - 1e-9
   assert high - low == pytest.approx(
       2 * sum(study.run_units(study.run_keys(m, s.budget, tuning=True)) for m in ms) +
+      3 * sum(study.run_units(study.run_keys(m, s.budget, tuning=True))
+              for m in ms if m.knob is not None) +
       sum(study.run_units({**study.run_keys(ms[1], s.budget, tuning=True), **f.keys})
           if not f.method.startswith(('gasloc_h1', 'dadamw', 'adpsgd', 'a2cid2', 'noloco'))
           else 300 / 1050 for f in retuned))

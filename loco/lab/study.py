@@ -10,7 +10,12 @@ tokens and equal tuning budgets. Every method gets the same budget by constructi
    five settings each;
 3. once: where the best of those sits at the edge of a knob's grid, one more step past
    that edge (the DiLoCo scaling-law paper's rule, arXiv 2503.09799: extend until the
-   minimum is interior), if the knob's range allows it.
+   minimum is interior), if the knob's range allows it;
+4. once: where the best so far has moved its knob away from step 1's value, the inner lr
+   was never tried at that knob, so its two neighbours (one grid step down and up) train at
+   the picked knob, and where the best of them is beyond the pick, one more step that way
+   (coordinate-wise tuning otherwise picks an inner lr for the wrong knob: an outer lr
+   that halves wants a larger inner lr).
 
 Each setting trains once (`Budget.tune_seed`) and is scored by its final eval loss on
 the tuning split (the in-loop eval, whose windows cover the split). The pick, the lowest
@@ -176,7 +181,30 @@ def settings(method: Method, budget: Budget,
     if _allowed(knob, x):
       more.append({**pick, knob.key: x})
   out += more
+  if any(label(s) not in scores for s in out) or knob is None:
+    return out, not any(label(s) not in scores for s in out)
+  pick = min(out, key=lambda s: scores[label(s)])
+  if pick[knob.key] == mid[knob.key]:
+    return out, True
+  # Step 4: the inner lr's neighbours at the picked knob, then one more step past the
+  # better of them where it beats the pick.
+  seen = {label(s) for s in out}
+  step = lrs[1] / lrs[0]
+  near = [{LR: _round(pick[LR] * f), knob.key: pick[knob.key]} for f in (1 / step, step)]
+  out += [s for s in near if label(s) not in seen]
+  if any(label(s) not in scores for s in out):
+    return out, False
+  better = min(near, key=lambda s: scores[label(s)])
+  if scores[label(better)] < scores[label(pick)]:
+    past = {LR: _round(better[LR] * (better[LR] / pick[LR])), knob.key: pick[knob.key]}
+    if label(past) not in {label(s) for s in out}:
+      out.append(past)
   return out, all(label(s) in scores for s in out)
+
+
+def _round(x: float) -> float:
+  """A grid value as the labels write it (six significant digits)."""
+  return float(f'{x:.6g}')
 
 
 def tuning_score(workdir: str) -> float | None:
