@@ -29,17 +29,7 @@ from loco.lab import study  # noqa: E402
 from loco.lab import sweep  # noqa: E402
 
 
-def first_knob(tried, knob: str, lrs) -> float | None:
-  """The knob value at which every inner lr of the grid was tried (the first stage's)."""
-  by_knob: dict[float, set[float]] = {}
-  for setting, _ in tried:
-    if knob in setting:
-      by_knob.setdefault(setting[knob], set()).add(setting[study.LR])
-  full = [k for k, seen in by_knob.items() if set(lrs) <= seen]
-  return full[0] if len(full) == 1 else None
-
-
-def plan(picks, methods, budget):
+def plan(picks, methods):
   """Per method: (method, the knob key, its first value, the pick's setting, the inner lrs
   the method tried, the settings to check: the picked knob at each inner lr)."""
   rows = []
@@ -49,7 +39,7 @@ def plan(picks, methods, budget):
       continue
     key = m.knob.key
     lrs = sorted({s[study.LR] for s, _ in p['tried']})
-    k0 = first_knob(p['tried'], key, budget.inner_lrs)
+    k0 = m.knob.values[1]          # step 1 tunes the inner lr at the knob's middle value
     checks = [{study.LR: lr, key: p['setting'][key]} for lr in lrs]
     rows.append((m, key, k0, p['setting'], lrs, checks))
   return rows
@@ -81,7 +71,7 @@ def main(argv=None) -> int:
                       'read from there')
     picks = study.tune(args.out, list(every.values()), budget, train=False,
                        finals=claims.finals(scale), families=scale.plan.families)
-    rows = plan(picks, [every[n] for n in names], budget)
+    rows = plan(picks, [every[n] for n in names])
     folder = os.path.join(args.out, 'coordinate_check')
     tried = {m.name: {study.label(s): loss for s, loss in picks[m.name]['tried']}
              for m, *_ in rows}

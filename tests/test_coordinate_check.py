@@ -21,21 +21,15 @@ def _tried(first, lrs, knob_values, at_lr):
           [({study.LR: at_lr, OUTER: k}, 2.0) for k in knob_values if k != first])
 
 
-def test_the_knob_the_inner_lr_was_tuned_at_is_the_one_every_lr_saw():
-  lrs = (1.5e-3, 3e-3, 6e-3)
-  tried = _tried(2.0, lrs + (7.5e-4,), (1.0, 2.0, 4.0, 0.5), 1.5e-3)
-  assert check.first_knob(tried, OUTER, lrs) == 2.0
-  assert check.first_knob(tried[3:], OUTER, lrs) is None     # no knob saw every lr
-
-
 def test_each_pick_is_checked_at_its_knob_over_every_inner_lr_the_method_tried():
   s = claims.SCALES['full']
   b = s.budget
   m = {x.name: x for x in claims.methods(s)}['diloco_sgd']
   # The inner lr extended past its low edge at the picked knob, as the protocol does.
   tried = _tried(2.0, b.inner_lrs, (1.0, 4.0), 1.5e-3) + [({study.LR: 7.5e-4, OUTER: 1.0}, 2.1)]
+  assert m.knob.values[1] == 2.0        # step 1's knob: the middle of SGD's effective steps
   picks = {m.name: {'tried': tried, 'setting': {study.LR: 1.5e-3, OUTER: 1.0}}}
-  [(method, key, k0, setting, lrs, checks)] = check.plan(picks, [m], b)
+  [(method, key, k0, setting, lrs, checks)] = check.plan(picks, [m])
   assert (method, key, k0) == (m, OUTER, 2.0)
   assert lrs == sorted(b.inner_lrs + (7.5e-4,))
   assert checks == [{study.LR: lr, OUTER: 1.0} for lr in lrs]
