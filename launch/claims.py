@@ -1140,7 +1140,8 @@ WHY = {
        'margin 0.73% of the loss (was 2% per-byte perplexity, about 9% per token); the M = 1 '
        'control reads as many documents per step as M = 8.',
     2: 'Every momentum tuned over the same effective steps (was 0.9\'s outer lr reused at 0.8 '
-       'and 0.95, SGD on a finer grid); the best Nesterov member against SGD.',
+       'and 0.95, SGD on a finer grid), SGD\'s inner lr tried again at its picked outer lr '
+       '(tuning step 4); the best Nesterov member against SGD.',
     3: 'Against the best-tuned DiLoCo; margin 0.77% of the loss (the paper\'s +2.1% perplexity '
        'converted; was 2.1% per-byte perplexity).',
     4: 'Against the best-tuned DiLoCo; relative margin; Streaming\'s grid without alpha = 1.',
