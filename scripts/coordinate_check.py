@@ -16,7 +16,6 @@ the picked knob, and whether the pick holds.
 """
 
 import argparse
-import math
 import os
 import sys
 
@@ -86,17 +85,13 @@ def main(argv=None) -> int:
           '(seed 0, tuning split) | the pick holds |')
     print('|---|---|---|---|---|')
     for m, key, k0, setting, lrs, checks in rows:
-      cells, best = [], (math.inf, None)
-      for s in checks:
-        lab = study.label(s)
-        loss = tried[m.name].get(lab)
-        if loss is None:
-          loss = study.tuning_score(os.path.join(folder, m.name, lab))
-        cells.append(f'{s[study.LR]:g}: ' + ('not run' if loss is None else f'{loss:.4f}'))
-        if loss is not None and loss < best[0]:
-          best = (loss, s[study.LR])
-      done = all('not run' not in c for c in cells)
-      holds = ('—' if not done else 'yes' if best[1] == setting[study.LR] else
+      losses = [tried[m.name][study.label(s)] if study.label(s) in tried[m.name] else
+                study.tuning_score(os.path.join(folder, m.name, study.label(s)))
+                for s in checks]
+      cells = [f'{s[study.LR]:g}: ' + ('not run' if x is None else f'{x:.4f}')
+               for s, x in zip(checks, losses)]
+      best = None if None in losses else min(zip(losses, (s[study.LR] for s in checks)))
+      holds = ('—' if best is None else 'yes' if best[1] == setting[study.LR] else
                f'no: inner lr {best[1]:g} is better ({best[0]:.4f})')
       print(f'| {m.name} | {key.split(".")[-1]} {k0:g} | {study.label(setting)} | '
             f'{", ".join(cells)} | {holds} |')

@@ -181,8 +181,9 @@ def settings(method: Method, budget: Budget,
     if _allowed(knob, x):
       more.append({**pick, knob.key: x})
   out += more
-  if any(label(s) not in scores for s in out) or knob is None:
-    return out, not any(label(s) not in scores for s in out)
+  complete = all(label(s) in scores for s in out)
+  if not complete or knob is None:
+    return out, complete
   pick = min(out, key=lambda s: scores[label(s)])
   if pick[knob.key] == mid[knob.key]:
     return out, True
@@ -197,7 +198,7 @@ def settings(method: Method, budget: Budget,
   better = min(near, key=lambda s: scores[label(s)])
   if scores[label(better)] < scores[label(pick)]:
     past = {LR: _round(better[LR] * (better[LR] / pick[LR])), knob.key: pick[knob.key]}
-    if label(past) not in {label(s) for s in out}:
+    if label(past) not in seen:
       out.append(past)
   return out, all(label(s) in scores for s in out)
 
