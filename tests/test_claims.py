@@ -603,3 +603,33 @@ def test_claim_9_reads_an_asynchronous_run_by_its_own_clock_and_a_synchronous_on
   (tmp_path / 'final' / 'gasloc' / 'seed2').mkdir(parents=True)     # not re-timed yet
   for name in ('gasloc_async_overlap', 'gasloc'):
     assert claims.sim_curves(str(tmp_path), scale, name) == {1: [(3.0, 2.5)]}, name
+
+
+def test_an_asynchronous_run_that_never_reaches_claim_9s_target_is_named_not_hidden():
+  """Claim 9's asynchronous GASLoC ended without reaching the target every synchronous
+  final reaches: the verdict is 'not reproduced', the measured text keeps the finals that
+  did reach it, and its table row says it never reached it (it ran: not 'not run')."""
+  scale = claims.SCALES['full']
+  claim = claims.claims_of(scale.plan)[8]
+  picks = {'diloco': {'member': 'diloco_mu0p5'}}
+
+  def group(name, values):
+    return study.Group(name, dict(enumerate(values, 1)), {}, None, 2e8, 2e8, 3e6, [])
+
+  g = {n: group(n, [1.54, 1.55, 1.56]) for n in
+       ('diloco_mu0p5', 'gasloc', 'gasloc_pp', 'gasloc_async_overlap')}
+  reached = {'diloco_mu0p5': group('diloco_mu0p5', [196.0, 194.0, 198.0]),
+             'gasloc': group('gasloc', [163.0, 166.0, 166.0])}
+  t9 = {'target': 1.643, 'groups': reached,
+        'never': {'gasloc_pp': [], 'gasloc_async_overlap': [1, 2, 3]}}
+  v, word, measured = claims._verdict(claim, reached, g, picks, scale, t9)
+  assert v is None and word == 'not reproduced'
+  assert 'diloco_mu0p5: 196' in measured and 'gasloc: 165' in measured
+  assert 'gasloc_async_overlap never reaches it at seeds 1, 2, 3' in measured
+  rows = claims._table(claim, reached, 'diloco_mu0p5', g, picks)
+  assert '| gasloc_async_overlap | never reaches the target |' in '\n'.join(rows)
+  assert not any(r.startswith('| gasloc_async_overlap | not run') for r in rows)
+  # Before it ran, it is not run.
+  rows = claims._table(claim, reached, 'diloco_mu0p5',
+                       {k: x for k, x in g.items() if k != 'gasloc_async_overlap'}, picks)
+  assert '| gasloc_async_overlap | not run |' in '\n'.join(rows)
