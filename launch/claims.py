@@ -750,10 +750,12 @@ def times_to_target(out: str, scale: Scale, g: Mapping[str, Group],
 # ---- the page --------------------------------------------------------------------------
 
 def _table(claim: Claim, g: Mapping[str, Group], reference: str | None,
-           traffic: Mapping[str, Group], picks: Mapping[str, Any]) -> list[str]:
+           traffic: Mapping[str, Group], picks: Mapping[str, Any],
+           never: Collection[str] = ()) -> list[str]:
   """Per final: its per-seed values, the paired comparison with `reference` (relative
   loss, (a - ref) / ref per seed; seconds in seconds), and the bytes of its runs
-  (`traffic`: the finals, also where `g` holds seconds to a target)."""
+  (`traffic`: the finals, also where `g` holds seconds to a target; `never`: the finals
+  whose every seed ran and never reached it)."""
   seconds = claim.x == 'sim_seconds'
   what = 'seconds to the target' if seconds else 'final eval loss'
   diff_name = (f'paired difference to {reference} [95% CI]' if seconds else
@@ -764,7 +766,7 @@ def _table(claim: Claim, g: Mapping[str, Group], reference: str | None,
           '|---|---|---|---|---|---|---|---|']
   for n in claim.shown(picks):
     if n not in g:
-      ended = 'never reaches the target' if seconds and n in traffic else 'not run'
+      ended = 'never reaches the target' if n in never else 'not run'
       rows.append(f'| {n} | {ended} | | | | | | |')
       continue
     x = g[n]
@@ -1312,8 +1314,10 @@ def _claims_sections(out: str, scale: Scale, figures: str, rel: str,
         f'| {label} | {getattr(claim.regime, key)} | {mine[key]} |'
         for key, label in Regime.FIELDS]
     tests = claim.tests(picks, g) if 'diloco' in picks else []
+    never = [n for n, s in t9.get('never', {}).items() if s and n not in groups]
     table_rows = _table(claim, groups if claim.x == 'sim_seconds' else g,
-                        tests[0].b if tests else None, g, picks)
+                        tests[0].b if tests else None, g, picks,
+                        never if claim.x == 'sim_seconds' else ())
     details.append('\n'.join([
         f'### Claim {claim.number}', '', f'{claim.statement} ({claim.source})', '',
         *card, '', f'What a test here means: {claim.regime.meaning.format(**fill)}', '',
